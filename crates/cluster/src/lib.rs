@@ -1,0 +1,1 @@
+//! cluster (to be filled).

@@ -1,0 +1,1 @@
+//! leadership (to be filled).

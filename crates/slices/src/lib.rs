@@ -1,0 +1,1 @@
+//! slices (to be filled).

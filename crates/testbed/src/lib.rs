@@ -1,0 +1,1 @@
+//! testbed (to be filled).
