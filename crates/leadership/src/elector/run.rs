@@ -1,0 +1,316 @@
+//! The elector's loop.
+
+use std::future::Future;
+
+use futures::{StreamExt, stream::BoxStream};
+use k8s_openapi::api::coordination::v1::Lease;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{
+    ElectorError, ElectorMetrics,
+    config::LeaseConfig,
+    record::{self, Observed},
+};
+use crate::{
+    store::{LeaseStore, StoreError},
+    term::{LeadershipSender, Term},
+};
+
+/// How many times a release is retried after losing a race with a concurrent write.
+const RELEASE_ATTEMPTS: usize = 3;
+
+/// One candidate's state: what it observed of the lease, and its term while leading.
+pub(super) struct Candidate<S> {
+    config: LeaseConfig,
+    duration_seconds: i32,
+    store: S,
+    sender: LeadershipSender,
+    metrics: ElectorMetrics,
+    observed: Option<Observed>,
+    term: Option<Term>,
+}
+
+/// What a watched change asks the loop to do.
+enum Reaction {
+    Nothing,
+    /// The lease is free (released or deleted): try to take it now.
+    AttemptNow,
+    /// While leading, the watch showed another holder: confirm with a read, step down if so.
+    ConfirmHolder,
+}
+
+/// Why the leader stops leading.
+#[derive(Clone, Copy, Debug)]
+enum StepDown {
+    RenewDeadlinePassed,
+    AnotherHolder,
+    Released,
+}
+
+// === impl Candidate ===
+
+impl<S: LeaseStore> Candidate<S> {
+    pub(super) fn new(
+        config: LeaseConfig,
+        store: S,
+        sender: LeadershipSender,
+        metrics: ElectorMetrics,
+    ) -> Self {
+        // Validated by `LeaseElector::new`; 15 s (the default) should it ever not fit.
+        let duration_seconds = config.lease_duration_seconds().unwrap_or(15);
+        Self {
+            config,
+            duration_seconds,
+            store,
+            sender,
+            metrics,
+            observed: None,
+            term: None,
+        }
+    }
+
+    /// Competes until `stop` is cancelled, then releases the lease if held.
+    pub(super) async fn run(mut self, stop: CancellationToken) -> Result<(), ElectorError> {
+        info!("competing for the lease");
+
+        let mut changes: BoxStream<'static, _> = self.store.changes();
+        let mut watching = true;
+        let mut next_attempt = Instant::now();
+        loop {
+            let step_down_at = self.step_down_at();
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                () = sleep_until(step_down_at.unwrap_or(next_attempt)), if step_down_at.is_some() => {
+                    self.check_deadline(Instant::now());
+                }
+                () = sleep_until(next_attempt) => {
+                    let started = Instant::now();
+                    self.bounded(&stop, started, |me| me.attempt(started)).await;
+                    next_attempt = self.next_attempt_after(started);
+                    if !watching {
+                        changes = self.store.changes();
+                        watching = true;
+                    }
+                }
+                change = changes.next(), if watching => match change {
+                    Some(Ok(lease)) => match self.on_change(lease, Instant::now()) {
+                        Reaction::Nothing => {}
+                        Reaction::AttemptNow => next_attempt = Instant::now(),
+                        Reaction::ConfirmHolder => {
+                            let started = Instant::now();
+                            self.bounded(&stop, started, |me| me.confirm_holder()).await;
+                        }
+                    },
+                    Some(Err(error)) => debug!(%error, "lease watch failed; polling continues"),
+                    None => {
+                        debug!("lease watch ended; restarting it at the next poll");
+                        watching = false;
+                    }
+                },
+            }
+        }
+        self.release().await;
+        Ok(())
+    }
+
+    /// Runs one attempt, bounded by RetryPeriod and, while leading, by the step-down deadline, so
+    /// that a hanging API call neither delays the step-down nor the next attempt.
+    async fn bounded<'a, F, Fut>(&'a mut self, stop: &CancellationToken, started: Instant, f: F)
+    where
+        F: FnOnce(&'a mut Self) -> Fut,
+        Fut: Future<Output = ()> + 'a,
+    {
+        let mut until = started + self.config.retry_period;
+        if let Some(deadline) = self.step_down_at() {
+            until = until.min(deadline);
+        }
+        tokio::select! {
+            () = stop.cancelled() => {}
+            result = timeout_at(until, f(self)) => {
+                if result.is_err() {
+                    debug!("lease request timed out");
+                }
+            }
+        }
+    }
+
+    /// Reads the lease, then takes it (free or expired), renews it (ours), or leaves it (held by
+    /// another, stepping down at once if we were leading).
+    async fn attempt(&mut self, started: Instant) {
+        let current = match self.store.get().await {
+            Ok(current) => current,
+            Err(error) => return self.failed(&error),
+        };
+        self.observe(current.clone(), Instant::now());
+        let Some(lease) = current else {
+            let lease = record::new_lease(&self.config, self.duration_seconds);
+            return match self.store.create(lease).await {
+                Ok(created) => self.renewed(created, started),
+                Err(StoreError::Conflict) => self.confirm_holder().await,
+                Err(error) => self.failed(&error),
+            };
+        };
+        if self.held_by_other(Instant::now()) {
+            return self.step_down(StepDown::AnotherHolder);
+        }
+        let claimed = record::claim(lease, &self.config, self.duration_seconds);
+        match self.store.replace(claimed).await {
+            Ok(replaced) => self.renewed(replaced, started),
+            Err(StoreError::Conflict) => self.confirm_holder().await,
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// Re-reads the lease after a lost race or a watched change naming another holder, and steps
+    /// down at once if another holder has an unexpired lease.
+    async fn confirm_holder(&mut self) {
+        match self.store.get().await {
+            Ok(current) => {
+                self.observe(current, Instant::now());
+                if self.held_by_other(Instant::now()) {
+                    self.step_down(StepDown::AnotherHolder);
+                }
+            }
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    fn on_change(&mut self, lease: Option<Lease>, now: Instant) -> Reaction {
+        self.observe(lease, now);
+        let Some(observed) = &self.observed else {
+            // Deleted: whoever creates it first wins.
+            return if self.term.is_some() {
+                Reaction::ConfirmHolder
+            } else {
+                Reaction::AttemptNow
+            };
+        };
+        match (observed.holder(), self.term.is_some()) {
+            (None, false) => Reaction::AttemptNow,
+            (None, true) => Reaction::ConfirmHolder,
+            (Some(holder), true) if holder != self.config.identity => Reaction::ConfirmHolder,
+            _ => Reaction::Nothing,
+        }
+    }
+
+    fn observe(&mut self, lease: Option<Lease>, now: Instant) {
+        self.observed = lease.map(|lease| Observed::update(self.observed.take(), lease, now));
+    }
+
+    fn held_by_other(&self, now: Instant) -> bool {
+        self.observed
+            .as_ref()
+            .is_some_and(|observed| observed.held_by_other(&self.config, now))
+    }
+
+    /// A write of ours succeeded: `sent_at` (taken before the request) starts a new term or
+    /// extends the current one.
+    fn renewed(&mut self, lease: Lease, sent_at: Instant) {
+        self.observe(Some(lease), Instant::now());
+        match &self.term {
+            Some(term) => {
+                term.record_renewal(sent_at);
+                debug!(term = term.id(), "renewed the lease");
+            }
+            None => {
+                let term = Term::new(sent_at, self.config.renew_deadline);
+                ElectorMetrics::count(&self.metrics.counters.acquisitions);
+                info!(term = term.id(), "acquired the lease; leading");
+                self.term = Some(term.clone());
+                self.sender.send_replace(Some(term));
+            }
+        }
+    }
+
+    fn failed(&mut self, error: &StoreError) {
+        if let Some(term) = &self.term {
+            ElectorMetrics::count(&self.metrics.counters.renew_failures);
+            warn!(term = term.id(), %error, "renewing the lease failed");
+        } else {
+            debug!(%error, "lease request failed");
+        }
+    }
+
+    /// While leading: when the term ends unless a renewal succeeds first.
+    fn step_down_at(&self) -> Option<Instant> {
+        let term = self.term.as_ref()?;
+        Some(term.last_renewed_at() + self.config.renew_deadline)
+    }
+
+    fn check_deadline(&mut self, now: Instant) {
+        if self.step_down_at().is_some_and(|deadline| deadline <= now) {
+            self.step_down(StepDown::RenewDeadlinePassed);
+        }
+    }
+
+    fn step_down(&mut self, reason: StepDown) {
+        let Some(term) = self.term.take() else {
+            return;
+        };
+        if !matches!(reason, StepDown::Released) {
+            ElectorMetrics::count(&self.metrics.counters.step_downs);
+        }
+        warn!(term = term.id(), ?reason, "stopped leading");
+        self.sender.send_replace(None);
+    }
+
+    /// After an attempt started at `started`: the next poll, or the observed expiry if sooner.
+    fn next_attempt_after(&mut self, started: Instant) -> Instant {
+        self.check_deadline(Instant::now());
+        let next = started + self.config.retry_period;
+        match &self.observed {
+            Some(observed) if self.term.is_none() && observed.holder().is_some() => {
+                next.min(observed.expires_at(&self.config))
+            }
+            _ => next,
+        }
+    }
+
+    /// Stops leading, then clears the holder if the record still names us, guarded by
+    /// resourceVersion. Best effort: on failure the lease simply expires.
+    async fn release(&mut self) {
+        let was_leading = self.term.is_some();
+        self.step_down(StepDown::Released);
+        let named_us = self
+            .observed
+            .as_ref()
+            .is_some_and(|observed| observed.held_by(&self.config.identity));
+        if !was_leading && !named_us {
+            return;
+        }
+        let deadline = Instant::now() + self.config.retry_period;
+        match timeout_at(deadline, self.release_lease()).await {
+            Ok(Ok(true)) => info!("released the lease"),
+            Ok(Ok(false)) => debug!("lease no longer ours; nothing to release"),
+            Ok(Err(error)) => warn!(%error, "releasing the lease failed; it will expire"),
+            Err(_) => warn!("releasing the lease timed out; it will expire"),
+        }
+    }
+
+    async fn release_lease(&mut self) -> Result<bool, StoreError> {
+        for _ in 0..RELEASE_ATTEMPTS {
+            let Some(lease) = self.store.get().await? else {
+                return Ok(false);
+            };
+            if record::holder(&lease) != Some(self.config.identity.as_str()) {
+                return Ok(false);
+            }
+            match self.store.replace(record::release(lease)).await {
+                Ok(_) => return Ok(true),
+                Err(StoreError::Conflict) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(StoreError::Conflict)
+    }
+}
+
+impl<S> Drop for Candidate<S> {
+    fn drop(&mut self) {
+        // However the task ends (even aborted), nobody may go on believing we lead.
+        self.sender.send_replace(None);
+    }
+}

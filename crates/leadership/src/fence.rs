@@ -1,0 +1,172 @@
+//! The fence: the check a writer makes immediately before every API call.
+//!
+//! A deposed leader must write nothing. Checking leadership once, then waiting (in a queue, on a
+//! slow reconcile), then writing is exactly the window in which two replicas write at once, so the
+//! writer calls [`Fence::check`] right before each request, and the check answers from local state
+//! without any I/O.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use crate::term::{Leadership, Term};
+
+/// Permission to write on behalf of one term. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    term: Term,
+    leadership: Leadership,
+    margin: Duration,
+    metrics: FenceMetrics,
+}
+
+/// Counts of writes the fences refused; shared by all fences made from one runtime.
+#[derive(Clone, Debug, Default)]
+pub struct FenceMetrics {
+    fenced: Arc<AtomicU64>,
+}
+
+/// Why a write was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Fenced {
+    /// The fence's term is no longer the current term: leadership was lost (and maybe regained
+    /// under a newer term). Not retryable within this term: drop the work, the new term replays.
+    #[error("term {term} is over")]
+    TermEnded {
+        /// The term the refused write belonged to.
+        term: u64,
+    },
+    /// The term is current but its last successful renewal is too old to be sure no one else has
+    /// taken the lease. Retryable: a renewal may succeed shortly, or the term will end.
+    #[error("lease of term {term} is not safely held (no renewal for too long)")]
+    LeaseNotSafelyHeld {
+        /// The term the refused write belonged to.
+        term: u64,
+    },
+}
+
+// === impl Fence ===
+
+impl Fence {
+    /// A fence for `term`, valid while `leadership` names that term and the last renewal plus
+    /// RenewDeadline minus `margin` is in the future.
+    pub fn new(
+        term: Term,
+        leadership: Leadership,
+        margin: Duration,
+        metrics: FenceMetrics,
+    ) -> Self {
+        Self {
+            term,
+            leadership,
+            margin,
+            metrics,
+        }
+    }
+
+    /// Checks, without I/O, that the write about to be sent may be sent. Call it immediately
+    /// before every API call; refusals are counted in [`FenceMetrics`].
+    pub fn check(&self) -> Result<(), Fenced> {
+        let result = self.evaluate(Instant::now());
+        if result.is_err() {
+            self.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Whether the term is still current, without counting a refusal.
+    pub fn is_current(&self) -> bool {
+        self.leadership
+            .borrow()
+            .as_ref()
+            .is_some_and(|current| current.id() == self.term.id())
+    }
+
+    /// The term this fence guards.
+    pub fn term(&self) -> &Term {
+        &self.term
+    }
+
+    fn evaluate(&self, now: Instant) -> Result<(), Fenced> {
+        let term = self.term.id();
+        if !self.is_current() {
+            return Err(Fenced::TermEnded { term });
+        }
+        match self.term.safely_held_until(self.margin) {
+            Some(until) if until <= now => Err(Fenced::LeaseNotSafelyHeld { term }),
+            _ => Ok(()),
+        }
+    }
+}
+
+// === impl FenceMetrics ===
+
+impl FenceMetrics {
+    /// How many writes were refused so far.
+    pub fn fenced(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::{sync::watch, time::advance};
+
+    const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+    const MARGIN: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn refuses_after_the_term_is_lost() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let metrics = FenceMetrics::default();
+        let fence = Fence::new(term.clone(), rx, MARGIN, metrics.clone());
+        assert_eq!(fence.check(), Ok(()));
+
+        tx.send_replace(None);
+        assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
+
+        // Regaining leadership under a new term does not revive the old term's fence.
+        let next = Term::new(Instant::now(), RENEW_DEADLINE);
+        tx.send_replace(Some(next));
+        assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
+        assert_eq!(metrics.fenced(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refuses_after_renew_deadline_minus_margin() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (_tx, rx) = watch::channel(Some(term.clone()));
+        let fence = Fence::new(term.clone(), rx, MARGIN, FenceMetrics::default());
+
+        advance(RENEW_DEADLINE - MARGIN - Duration::from_millis(1)).await;
+        assert_eq!(fence.check(), Ok(()));
+        advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            fence.check(),
+            Err(Fenced::LeaseNotSafelyHeld { term: term.id() })
+        );
+
+        // A renewal makes it safe again.
+        term.record_renewal(Instant::now());
+        assert_eq!(fence.check(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unbounded_term_is_fenced_only_by_leadership() {
+        let term = Term::unbounded();
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let fence = Fence::new(term, rx, MARGIN, FenceMetrics::default());
+        advance(Duration::from_secs(3600)).await;
+        assert_eq!(fence.check(), Ok(()));
+        tx.send_replace(None);
+        assert!(fence.check().is_err());
+    }
+}

@@ -1,0 +1,330 @@
+//! The runtime: elector, gate, queue and workers tied together for an app.
+//!
+//! ```text
+//! ElectorHandle ──leadership──► Runtime ──start(t)/stop(t)──► Gate ──keys──► WorkQueue ──► workers
+//!                                  │                                                      │
+//!                                  └──────── drain, then release on shutdown ◄────────────┘
+//! ```
+
+use std::{fmt::Display, future::Future, sync::Arc, time::Duration};
+
+use futures::{FutureExt, future::BoxFuture};
+use tokio::{
+    task::JoinSet,
+    time::{Instant, sleep_until},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::{
+    elector::{ElectorError, ElectorHandle},
+    fence::{Fence, FenceMetrics},
+    gate::{Gate, TermContext},
+    queue::{QueueConfig, QueueKey, WorkItem, WorkQueue},
+    term::{Leadership, Term},
+};
+
+/// What to do with a key after a successful reconcile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing more until the next event.
+    Done,
+    /// Reconcile the key again after this delay (e.g. the cache is behind what this term wrote).
+    RequeueAfter(Duration),
+}
+
+/// Runtime settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeConfig {
+    /// Concurrent reconciles (distinct keys).
+    pub workers: usize,
+    /// How long shutdown waits for queued and in-flight work before releasing the lease anyway.
+    pub drain_timeout: Duration,
+    /// Safety margin of the fence: writes stop this long before RenewDeadline would end the term.
+    pub fence_margin: Duration,
+    /// Full replay of the caches while leading, as a safety net; `None` disables it.
+    pub resync_period: Option<Duration>,
+    /// Queue pacing.
+    pub queue: QueueConfig,
+}
+
+/// Why the runtime stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The elector stopped on its own. Not retryable: exit the process so that it restarts.
+    #[error("leader election stopped: {0}")]
+    ElectorLost(#[from] ElectorError),
+}
+
+type ReconcileFn<K, S, E> =
+    Arc<dyn Fn(K, TermContext<K, S>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync>;
+
+/// A controller's runtime: handlers gated on leadership, a per-term work queue, workers, and a
+/// graceful shutdown (stop intake, drain, release).
+pub struct Runtime<K, S, E> {
+    config: RuntimeConfig,
+    gate: Gate<K, S>,
+    queue: WorkQueue<K>,
+    reconcile: ReconcileFn<K, S, E>,
+    fence_metrics: FenceMetrics,
+}
+
+// === impl RuntimeConfig ===
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            drain_timeout: Duration::from_secs(10),
+            fence_margin: Duration::from_secs(1),
+            resync_period: Some(Duration::from_secs(600)),
+            queue: QueueConfig::default(),
+        }
+    }
+}
+
+// === impl Runtime ===
+
+impl<K, S, E> Runtime<K, S, E>
+where
+    K: QueueKey,
+    S: Send + Sync + 'static,
+    E: Display + Send + 'static,
+{
+    /// A runtime that builds per-term state with `factory`, replays the app's caches with
+    /// `replay` when a term starts, and processes keys with `reconcile`.
+    pub fn new<F, P, R, Fut>(config: RuntimeConfig, factory: F, replay: P, reconcile: R) -> Self
+    where
+        F: Fn(&Term) -> S + Send + Sync + 'static,
+        P: Fn(&TermContext<K, S>) + Send + Sync + 'static,
+        R: Fn(K, TermContext<K, S>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let queue = WorkQueue::new(&config.queue);
+        let gate = Gate::new(queue.clone(), Arc::new(factory), Arc::new(replay));
+        Self {
+            config,
+            gate,
+            queue,
+            reconcile: Arc::new(move |key, context| reconcile(key, context).boxed()),
+            fence_metrics: FenceMetrics::default(),
+        }
+    }
+
+    /// The gate the app's watches dispatch events through.
+    pub fn gate(&self) -> Gate<K, S> {
+        self.gate.clone()
+    }
+
+    /// The queue (for its metrics).
+    pub fn queue(&self) -> WorkQueue<K> {
+        self.queue.clone()
+    }
+
+    /// Counts of writes refused by this runtime's fences.
+    pub fn fence_metrics(&self) -> FenceMetrics {
+        self.fence_metrics.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled: registers handlers for each term the elector starts
+    /// and deregisters them when it ends. On shutdown: stops intake, drains queued and in-flight
+    /// work within the drain timeout (writes still fenced), then releases the lease, then returns
+    /// `Ok`. A follower returns at once. Returns an error if the elector stops on its own.
+    pub async fn run(
+        self,
+        mut elector: ElectorHandle,
+        shutdown: CancellationToken,
+    ) -> Result<(), RuntimeError> {
+        let mut leadership = elector.leadership();
+        let mut workers = self.spawn_workers();
+        let mut current: Option<Term> = None;
+        let mut next_resync = self.next_resync();
+        let initial = leadership.borrow_and_update().clone();
+        self.apply(&mut current, initial, &leadership);
+
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                error = elector.lost() => {
+                    if let Some(term) = current.take() {
+                        self.gate.stop(term.id());
+                    }
+                    self.queue.close();
+                    workers.abort_all();
+                    return Err(RuntimeError::ElectorLost(error));
+                }
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        // The elector is gone; `lost` reports why on the next turn.
+                        let error = elector.lost().await;
+                        self.queue.close();
+                        workers.abort_all();
+                        return Err(RuntimeError::ElectorLost(error));
+                    }
+                    let next = leadership.borrow_and_update().clone();
+                    self.apply(&mut current, next, &leadership);
+                }
+                () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
+                    if let Some(term) = &current {
+                        debug!(term = term.id(), "periodic resync");
+                        self.gate.resync(term.id());
+                    }
+                    next_resync = self.next_resync();
+                }
+            }
+        }
+
+        self.gate.close_intake();
+        let deadline = Instant::now() + self.config.drain_timeout;
+        if current.is_some() {
+            self.drain(deadline, &mut current, &mut leadership).await;
+        }
+        self.queue.close();
+        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, workers.join_next()).await {}
+        workers.abort_all();
+        elector.release().await?;
+        if let Some(term) = current.take() {
+            self.gate.stop(term.id());
+        }
+        info!("stopped");
+        Ok(())
+    }
+
+    /// Waits until the queue is idle or the drain timeout passes, following leadership changes
+    /// meanwhile (a lost term drops its queue, which ends the drain).
+    async fn drain(
+        &self,
+        deadline: Instant,
+        current: &mut Option<Term>,
+        leadership: &mut Leadership,
+    ) {
+        info!(
+            queued = self.queue.depth(),
+            in_flight = self.queue.in_flight(),
+            "draining before releasing the lease"
+        );
+        loop {
+            tokio::select! {
+                () = self.queue.wait_idle(deadline) => {
+                    info!("drained");
+                    return;
+                }
+                () = sleep_until(deadline) => {
+                    warn!(
+                        queued = self.queue.depth(),
+                        in_flight = self.queue.in_flight(),
+                        waiting = self.queue.waiting(),
+                        "drain timed out; releasing the lease anyway"
+                    );
+                    return;
+                }
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    // Only losing the term matters now: intake is closed, no new term starts.
+                    if leadership.borrow_and_update().is_none() {
+                        if let Some(term) = current.take() {
+                            self.gate.stop(term.id());
+                        }
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply(&self, current: &mut Option<Term>, next: Option<Term>, leadership: &Leadership) {
+        if *current == next {
+            return;
+        }
+        if let Some(old) = current.take() {
+            self.gate.stop(old.id());
+        }
+        if let Some(term) = next {
+            let fence = Fence::new(
+                term.clone(),
+                leadership.clone(),
+                self.config.fence_margin,
+                self.fence_metrics.clone(),
+            );
+            self.gate.start(term.clone(), fence);
+            *current = Some(term);
+        }
+    }
+
+    fn next_resync(&self) -> Option<Instant> {
+        self.config
+            .resync_period
+            .map(|period| Instant::now() + period)
+    }
+
+    fn spawn_workers(&self) -> JoinSet<()> {
+        let mut workers = JoinSet::new();
+        for _ in 0..self.config.workers.max(1) {
+            let worker = Worker {
+                queue: self.queue.clone(),
+                gate: self.gate.clone(),
+                reconcile: self.reconcile.clone(),
+            };
+            workers.spawn(worker.run());
+        }
+        workers
+    }
+}
+
+impl<K, S, E> std::fmt::Debug for Runtime<K, S, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One worker: takes keys from the queue and reconciles them in their term's context.
+struct Worker<K, S, E> {
+    queue: WorkQueue<K>,
+    gate: Gate<K, S>,
+    reconcile: ReconcileFn<K, S, E>,
+}
+
+// === impl Worker ===
+
+impl<K, S, E> Worker<K, S, E>
+where
+    K: QueueKey,
+    S: Send + Sync + 'static,
+    E: Display + Send + 'static,
+{
+    async fn run(self) {
+        while let Some(item) = self.queue.next().await {
+            self.process(&item).await;
+            self.queue.done(item);
+        }
+    }
+
+    async fn process(&self, item: &WorkItem<K>) {
+        let term = item.term();
+        let Some(context) = self.gate.context(term) else {
+            debug!(key = ?item.key(), term, "term over; dropping key");
+            return;
+        };
+        let span = tracing::info_span!("reconcile", key = ?item.key(), term);
+        let key = item.key().clone();
+        match (self.reconcile)(key.clone(), context)
+            .instrument(span)
+            .await
+        {
+            Ok(Action::Done) => self.queue.forget(&key),
+            Ok(Action::RequeueAfter(delay)) => {
+                self.queue.forget(&key);
+                self.queue.add_after(term, key, delay);
+            }
+            Err(error) => {
+                warn!(key = ?key, term, %error, "reconcile failed; retrying with backoff");
+                self.queue.add_rate_limited(term, key);
+            }
+        }
+    }
+}

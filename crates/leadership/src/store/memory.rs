@@ -1,0 +1,202 @@
+//! An in-memory [`LeaseStore`] with the API server's concurrency rules and injectable faults.
+//!
+//! Several handles ([`MemoryLeaseStore::connect`]) share one lease, as several replicas share the
+//! API server; each handle has its own faults, so one replica can be cut off while others are not.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+};
+
+use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
+use k8s_openapi::api::coordination::v1::Lease;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+
+use super::{LeaseStore, StoreError};
+
+/// One replica's connection to an in-memory lease shared with other connections.
+#[derive(Clone, Debug)]
+pub struct MemoryLeaseStore {
+    shared: Arc<Shared>,
+    faults: Arc<Faults>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    lease: watch::Sender<Option<Lease>>,
+    next_version: AtomicU64,
+    writes: Mutex<Vec<Lease>>,
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    fail_next: AtomicUsize,
+    hang: AtomicBool,
+    unhang: Notify,
+    calls: AtomicU64,
+}
+
+// === impl MemoryLeaseStore ===
+
+impl Default for MemoryLeaseStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryLeaseStore {
+    /// An empty store (the lease does not exist yet).
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                lease: watch::channel(None).0,
+                next_version: AtomicU64::new(1),
+                writes: Mutex::new(Vec::new()),
+            }),
+            faults: Arc::default(),
+        }
+    }
+
+    /// Another connection to the same lease, with its own (initially no) faults.
+    pub fn connect(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            faults: Arc::default(),
+        }
+    }
+
+    /// The stored lease, as the API server would return it.
+    pub fn current(&self) -> Option<Lease> {
+        self.shared.lease.borrow().clone()
+    }
+
+    /// Every lease successfully written through any connection, in order (not `put`s).
+    pub fn writes(&self) -> Vec<Lease> {
+        self.shared.writes.lock().clone()
+    }
+
+    /// Writes the lease as another party would, ignoring resourceVersion (`None` deletes it).
+    /// Returns the stored object with its new resourceVersion.
+    pub fn put(&self, lease: Option<Lease>) -> Option<Lease> {
+        let stored = lease.map(|lease| self.stamp(lease));
+        self.shared.lease.send_replace(stored.clone());
+        stored
+    }
+
+    /// Makes the next `n` get/create/replace calls of this connection fail with
+    /// [`StoreError::Injected`].
+    pub fn fail_next(&self, n: usize) {
+        self.faults.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// While `true`, get/create/replace calls of this connection hang (a network cut that neither
+    /// answers nor errors); setting it back to `false` lets hanging calls proceed.
+    pub fn hang(&self, hang: bool) {
+        self.faults.hang.store(hang, Ordering::SeqCst);
+        if !hang {
+            self.faults.unhang.notify_waiters();
+        }
+    }
+
+    /// How many get/create/replace calls this connection received.
+    pub fn calls(&self) -> u64 {
+        self.faults.calls.load(Ordering::SeqCst)
+    }
+
+    fn stamp(&self, mut lease: Lease) -> Lease {
+        let version = self.shared.next_version.fetch_add(1, Ordering::SeqCst);
+        lease.metadata.resource_version = Some(version.to_string());
+        lease
+    }
+
+    async fn enter(&self) -> Result<(), StoreError> {
+        self.faults.calls.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let unhang = self.faults.unhang.notified();
+            if !self.faults.hang.load(Ordering::SeqCst) {
+                break;
+            }
+            unhang.await;
+        }
+        let injected =
+            self.faults
+                .fail_next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if injected.is_ok() {
+            return Err(StoreError::Injected);
+        }
+        Ok(())
+    }
+}
+
+impl LeaseStore for MemoryLeaseStore {
+    fn get(&self) -> BoxFuture<'_, Result<Option<Lease>, StoreError>> {
+        async move {
+            self.enter().await?;
+            Ok(self.current())
+        }
+        .boxed()
+    }
+
+    fn create(&self, lease: Lease) -> BoxFuture<'_, Result<Lease, StoreError>> {
+        async move {
+            self.enter().await?;
+            // Check and write under the channel's lock so two creates cannot both succeed.
+            let mut created = None;
+            self.shared.lease.send_if_modified(|current| {
+                if current.is_some() {
+                    return false;
+                }
+                let version = self.shared.next_version.fetch_add(1, Ordering::SeqCst);
+                let mut lease = lease.clone();
+                lease.metadata.resource_version = Some(version.to_string());
+                self.shared.writes.lock().push(lease.clone());
+                *current = Some(lease.clone());
+                created = Some(lease);
+                true
+            });
+            created.ok_or(StoreError::Conflict)
+        }
+        .boxed()
+    }
+
+    fn replace(&self, lease: Lease) -> BoxFuture<'_, Result<Lease, StoreError>> {
+        async move {
+            self.enter().await?;
+            let mut replaced = None;
+            self.shared.lease.send_if_modified(|current| {
+                let Some(stored) = current else {
+                    return false;
+                };
+                if stored.metadata.resource_version != lease.metadata.resource_version {
+                    return false;
+                }
+                let version = self.shared.next_version.fetch_add(1, Ordering::SeqCst);
+                let mut lease = lease.clone();
+                lease.metadata.resource_version = Some(version.to_string());
+                self.shared.writes.lock().push(lease.clone());
+                *current = Some(lease.clone());
+                replaced = Some(lease);
+                true
+            });
+            // A replace of a missing object is a 404 in the real API; the elector treats both as
+            // "re-read", so a conflict is close enough here.
+            replaced.ok_or(StoreError::Conflict)
+        }
+        .boxed()
+    }
+
+    fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
+        let mut receiver = self.shared.lease.subscribe();
+        // Like a watch: the current state first, then every change (intermediate states may be
+        // coalesced, which a real watch can also do after a reconnect).
+        receiver.mark_changed();
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.changed().await.ok()?;
+            let lease = receiver.borrow_and_update().clone();
+            Some((Ok(lease), receiver))
+        })
+        .boxed()
+    }
+}

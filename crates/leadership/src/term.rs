@@ -1,0 +1,157 @@
+//! Terms: one uninterrupted period of holding the lease.
+//!
+//! Leadership is a value: a [`Leadership`] receiver holds `Some(term)` while this process leads and
+//! `None` while it follows. Every acquisition starts a new [`Term`] with a fresh id, so work that
+//! belongs to an older term can always be told apart from work of the current one.
+
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use parking_lot::Mutex;
+use tokio::{sync::watch, time::Instant};
+
+/// The current leadership of this process: `Some(term)` while leading, `None` while following.
+pub type Leadership = watch::Receiver<Option<Term>>;
+
+/// The sending side of [`Leadership`], owned by whatever decides leadership (the elector).
+pub type LeadershipSender = watch::Sender<Option<Term>>;
+
+/// Term ids are unique and increasing within the process, whichever elector created them.
+static NEXT_TERM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One uninterrupted period of leadership.
+///
+/// Cheap to clone. Two terms are equal when their ids are equal.
+#[derive(Clone)]
+pub struct Term {
+    id: u64,
+    acquired_at: Instant,
+    renewal: Arc<Renewal>,
+}
+
+/// When the lease behind a term was last renewed, and how long a renewal keeps it safely held.
+struct Renewal {
+    last_renewed_at: Mutex<Instant>,
+    /// `None` for a term that never ends (tests, single-replica setups).
+    renew_deadline: Option<Duration>,
+}
+
+// === impl Term ===
+
+impl Term {
+    /// Starts a new term backed by a lease that was (re)newed at `renewed_at` and stays safely held
+    /// for `renew_deadline` after each successful renewal.
+    pub fn new(renewed_at: Instant, renew_deadline: Duration) -> Self {
+        Self {
+            id: NEXT_TERM_ID.fetch_add(1, Ordering::Relaxed),
+            acquired_at: renewed_at,
+            renewal: Arc::new(Renewal {
+                last_renewed_at: Mutex::new(renewed_at),
+                renew_deadline: Some(renew_deadline),
+            }),
+        }
+    }
+
+    /// A term that never expires, for tests and for running without an API server (like Linkerd's
+    /// claim with expiry MAX). It still ends when its [`Leadership`] stops naming it.
+    pub fn unbounded() -> Self {
+        let now = Instant::now();
+        Self {
+            id: NEXT_TERM_ID.fetch_add(1, Ordering::Relaxed),
+            acquired_at: now,
+            renewal: Arc::new(Renewal {
+                last_renewed_at: Mutex::new(now),
+                renew_deadline: None,
+            }),
+        }
+    }
+
+    /// The term's id: unique within the process and larger than every earlier term's.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// When the lease was acquired for this term (local clock).
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// When the lease was last renewed successfully (local clock, taken before the request was
+    /// sent, so it never overstates how long the lease is held).
+    pub fn last_renewed_at(&self) -> Instant {
+        *self.renewal.last_renewed_at.lock()
+    }
+
+    /// Records a successful renewal that was sent at `at`. Renewal times never go backwards.
+    pub fn record_renewal(&self, at: Instant) {
+        let mut last = self.renewal.last_renewed_at.lock();
+        if at > *last {
+            *last = at;
+        }
+    }
+
+    /// Until when the lease is safely held, keeping `margin` in reserve: last renewal +
+    /// RenewDeadline − margin. `None` for an unbounded term.
+    pub fn safely_held_until(&self, margin: Duration) -> Option<Instant> {
+        let deadline = self.renewal.renew_deadline?;
+        let until = self.last_renewed_at() + deadline;
+        Some(until.checked_sub(margin).unwrap_or(self.acquired_at))
+    }
+}
+
+impl PartialEq for Term {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Term {}
+
+impl fmt::Debug for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Term")
+            .field("id", &self.id)
+            .field("acquired_at", &self.acquired_at)
+            .field("last_renewed_at", &self.last_renewed_at())
+            .finish()
+    }
+}
+
+impl fmt::Display for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.id)
+    }
+}
+
+/// A leadership value holding `term` forever: for tests and for running without an election.
+pub fn fixed_leadership(term: Term) -> (LeadershipSender, Leadership) {
+    watch::channel(Some(term))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn ids_increase_and_renewals_never_go_back() {
+        let a = Term::new(Instant::now(), Duration::from_secs(10));
+        let b = Term::unbounded();
+        assert!(b.id() > a.id());
+        let t0 = a.last_renewed_at();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        a.record_renewal(Instant::now());
+        a.record_renewal(t0);
+        assert_eq!(a.last_renewed_at(), t0 + Duration::from_secs(3));
+        assert_eq!(
+            a.safely_held_until(Duration::from_secs(1)),
+            Some(t0 + Duration::from_secs(12))
+        );
+        assert_eq!(b.safely_held_until(Duration::from_secs(1)), None);
+    }
+}
