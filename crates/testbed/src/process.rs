@@ -1,0 +1,210 @@
+//! Server processes that cannot outlive their owner.
+//!
+//! The shared control plane lives in a `static`, and Rust never drops statics, so "kill on
+//! Drop" alone would leave etcd and kube-apiserver running after every test binary. Instead
+//! each server runs under a small `sh` supervisor whose stdin is a pipe from this process
+//! (the *lifeline*). Nothing is ever written to it; the supervisor blocks reading it and gets
+//! end-of-file exactly when the last write end closes, which the kernel does when this
+//! process exits for any reason (normal exit, panic, abort, SIGKILL) or when the owner drops
+//! the [`Supervised`]. It then stops the server: SIGTERM, then SIGKILL after 1 s (a graceful
+//! shutdown is worth nothing for test servers, and etcd would wait for the API server's open
+//! watches).
+//!
+//! Why not the alternatives: `prctl(PR_SET_PDEATHSIG)` needs `unsafe` `pre_exec` (forbidden in
+//! this workspace) and fires when the spawning *thread* exits, which for a test would be the
+//! end of the first test, not of the binary; a process group or `setsid` needs someone alive
+//! to send the signal. Rust creates pipes close-on-exec, so other processes spawned by the
+//! tests never inherit a write end and cannot keep a server alive.
+//!
+//! A third supervised process, the janitor, removes the temporary folder the same way: it is
+//! the one clean-up that must also happen for the `static` control plane.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+
+use crate::TestbedError;
+
+/// Supervisor: runs "$@" in the background and stops it when stdin reaches end-of-file;
+/// exits with the server's status when the server exits on its own.
+const SUPERVISOR: &str = r#"
+exec 3<&0
+"$@" </dev/null 3<&- &
+server=$!
+(
+  while read -r _ <&3; do :; done
+  kill -TERM "$server" 2>/dev/null
+  i=0
+  while kill -0 "$server" 2>/dev/null && [ "$i" -lt 10 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -KILL "$server" 2>/dev/null
+) </dev/null &
+watcher=$!
+exec 3<&-
+wait "$server"
+status=$?
+kill "$watcher" 2>/dev/null
+exit "$status"
+"#;
+
+/// Janitor: waits for end-of-file on stdin, then removes the folder `$1`. The servers stop at
+/// the same moment and may still be writing, so it retries for up to 15 s until the folder is
+/// gone.
+const JANITOR: &str = r#"
+while read -r _; do :; done
+i=0
+while [ -e "$1" ] && [ "$i" -lt 30 ]; do
+  rm -rf "$1" 2>/dev/null || sleep 0.5
+  i=$((i + 1))
+done
+"#;
+
+/// A process running under a lifeline supervisor.
+#[derive(Debug)]
+pub(crate) struct Supervised {
+    name: &'static str,
+    child: Child,
+    lifeline: Option<ChildStdin>,
+    log: PathBuf,
+}
+
+// === impl Supervised ===
+
+impl Supervised {
+    /// Starts `program args` under a supervisor, output written to `log` (truncated first, so
+    /// that a retried start-up reads only its own messages).
+    pub(crate) fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> Result<Self, TestbedError> {
+        let out = File::options()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&log)
+            .map_err(TestbedError::io(format!("opening {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(TestbedError::io("duplicating a log file handle"))?;
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(SUPERVISOR)
+            .arg(format!("supervise-{name}"))
+            .arg(program)
+            .args(args);
+        Self::start(name, command, Stdio::from(out), Stdio::from(err), log)
+    }
+
+    /// Starts the janitor that removes `dir` once this process is gone or the janitor is
+    /// stopped.
+    pub(crate) fn janitor(dir: &Path) -> Result<Self, TestbedError> {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(JANITOR)
+            .arg("testbed-janitor")
+            .arg(dir);
+        Self::start(
+            "janitor",
+            command,
+            Stdio::null(),
+            Stdio::null(),
+            PathBuf::new(),
+        )
+    }
+
+    fn start(
+        name: &'static str,
+        mut command: Command,
+        out: Stdio,
+        err: Stdio,
+        log: PathBuf,
+    ) -> Result<Self, TestbedError> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(TestbedError::io(format!("starting {name}")))?;
+        let lifeline = child.stdin.take();
+        Ok(Self {
+            name,
+            child,
+            lifeline,
+            log,
+        })
+    }
+
+    /// The server's log file.
+    pub(crate) fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// `Some(status)` once the server has exited.
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The last `lines` lines of the server's log.
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+
+    /// Stops the server and waits (up to about 10 s) for the supervisor to exit.
+    pub(crate) fn stop(&mut self) {
+        // Closing our end of the lifeline is the stop signal.
+        drop(self.lifeline.take());
+        for _ in 0..200 {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        eprintln!("testbed: {} did not stop in time; killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago. Another process may take it before the
+/// server binds it; callers retry start-up when the server reports "address already in use".
+pub(crate) fn free_port() -> Result<u16, TestbedError> {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(TestbedError::io("finding a free port on 127.0.0.1"))
+}
+
+/// Whether a server's log says it lost a port race.
+pub(crate) fn lost_port_race(log: &Path) -> bool {
+    tail(log, 200).contains("address already in use")
+}
+
+/// The last `lines` lines of a file, read from at most its last 256 KiB.
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
+    const WINDOW: u64 = 256 * 1024;
+    let read = || -> std::io::Result<String> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(WINDOW)))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(error) => format!("(cannot read {}: {error})", path.display()),
+    }
+}
