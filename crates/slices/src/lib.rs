@@ -1,1 +1,48 @@
-//! slices (to be filled).
+//! The pure EndpointSlice planner for Services that select ExternalWorkloads.
+//!
+//! Given a Service, the workloads of its namespace, the slices we already manage for it and the
+//! configuration, [`plan_slices`] returns the creates, updates and deletes that make the cluster
+//! match design.md section 4. No tokio, no kube client, no I/O: the compiler keeps decisions apart
+//! from the writer, and everything here is tested with plain values.
+//!
+//! ```text
+//! Service ─┐
+//! workloads ─┼─► plan_slices ──► SlicePlan { creates, updates, deletes, diagnostics }
+//! existing slices ─┘      ▲
+//!                  Tracker::check (cache fresh enough to plan on?)
+//! watch events ──► keys::{for_service, for_workload, for_slice} ──► ServiceKey
+//! ```
+//!
+//! Guarantees:
+//! - planning is deterministic (sorted output) and never mutates its inputs;
+//! - planning over the result of a plan gives an empty plan (no write on a no-op resync), and the
+//!   trigger time alone never causes an update;
+//! - a value that cannot be sent to the API (a non-IP address, an unresolvable named port) is left
+//!   out for that workload and reported as a [`Diagnostic`], never sent: one bad workload does not
+//!   make the API reject a whole slice;
+//! - a [`Tracker`] (one per leadership term) tells when the cache is behind our own writes, and
+//!   recognises our writes when they come back through the watch.
+#![deny(missing_docs)]
+
+mod config;
+mod desired;
+mod diagnostic;
+mod key;
+pub mod keys;
+mod labels;
+mod pack;
+mod plan;
+mod tracker;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::{Config, ConfigError};
+pub use diagnostic::{Diagnostic, Problem};
+pub use key::ServiceKey;
+pub use labels::{
+    HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
+    selects,
+};
+pub use plan::{SlicePlan, Write, plan_slices};
+pub use tracker::{Freshness, StaleReason, Tracker};

@@ -1,0 +1,376 @@
+//! Fixture builders that read like prose, for this crate's tests and other crates' tests
+//! (feature `testing`):
+//!
+//! ```
+//! use slices::testing::{Svc, Workload};
+//! let web = Svc::named("web").selector("app", "web").port("http", 80, "http").build();
+//! let vm = Workload::named("vm-1").label("app", "web").ip("10.0.0.1").port("http", 8080).ready().build();
+//! ```
+//!
+//! [`SliceStore`] plays the API server for plans: it names created slices and bumps
+//! resourceVersion and generation the way the server does.
+
+use std::collections::BTreeMap;
+
+use api::v1beta1::{
+    Condition, ExternalWorkload, ExternalWorkloadSpec, ExternalWorkloadStatus, MeshTls, PortSpec,
+    WorkloadIp,
+};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::{SlicePlan, Write};
+
+/// Namespace the builders use unless told otherwise.
+pub const NAMESPACE: &str = "default";
+
+/// A point in time, `seconds` after the Unix epoch.
+pub fn time(seconds: i64) -> Time {
+    Time(Timestamp::from_second(seconds).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// Builds a Service.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Svc(Service);
+
+/// Builds an ExternalWorkload.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Workload(ExternalWorkload);
+
+/// A Service targetPort: a number or a name.
+#[derive(Clone, Debug)]
+pub struct Target(IntOrString);
+
+/// Plays the API server for slices: applies plans, naming, versioning and generating as it does.
+#[derive(Clone, Debug, Default)]
+pub struct SliceStore {
+    slices: BTreeMap<String, EndpointSlice>,
+    counter: u64,
+}
+
+// === impl Target ===
+
+impl From<i32> for Target {
+    fn from(number: i32) -> Self {
+        Target(IntOrString::Int(number))
+    }
+}
+
+impl From<&str> for Target {
+    fn from(name: &str) -> Self {
+        Target(IntOrString::String(name.to_owned()))
+    }
+}
+
+// === impl Svc ===
+
+impl Svc {
+    /// A ClusterIP Service in [`NAMESPACE`] with uid `uid-svc-<name>`, no selector, no ports.
+    pub fn named(name: &str) -> Self {
+        Svc(Service {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(NAMESPACE.to_owned()),
+                uid: Some(format!("uid-svc-{name}")),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("ClusterIP".to_owned()),
+                cluster_ip: Some("10.96.0.10".to_owned()),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        })
+    }
+
+    fn spec(&mut self) -> &mut ServiceSpec {
+        self.0.spec.get_or_insert_with(ServiceSpec::default)
+    }
+
+    /// In this namespace.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.0.metadata.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// With this uid (a Service re-created under the same name has another).
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.0.metadata.uid = Some(uid.to_owned());
+        self
+    }
+
+    /// Selecting workloads with this label (adds to the selector).
+    pub fn selector(mut self, key: &str, value: &str) -> Self {
+        self.spec()
+            .selector
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Without any selector.
+    pub fn no_selector(mut self) -> Self {
+        self.spec().selector = None;
+        self
+    }
+
+    /// With this label on the Service itself.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// A TCP port `name` (empty for unnamed) on `port`, targeting `target`.
+    pub fn port(mut self, name: &str, port: i32, target: impl Into<Target>) -> Self {
+        let port = ServicePort {
+            name: (!name.is_empty()).then(|| name.to_owned()),
+            port,
+            protocol: Some("TCP".to_owned()),
+            target_port: Some(target.into().0),
+            ..ServicePort::default()
+        };
+        self.spec().ports.get_or_insert_with(Vec::new).push(port);
+        self
+    }
+
+    /// The last added port uses this protocol.
+    pub fn protocol(mut self, protocol: &str) -> Self {
+        if let Some(last) = self.spec().ports.as_mut().and_then(|p| p.last_mut()) {
+            last.protocol = Some(protocol.to_owned());
+        }
+        self
+    }
+
+    /// Headless: clusterIP `None`.
+    pub fn headless(mut self) -> Self {
+        self.spec().cluster_ip = Some("None".to_owned());
+        self
+    }
+
+    /// Type ExternalName.
+    pub fn external_name(mut self) -> Self {
+        let spec = self.spec();
+        spec.type_ = Some("ExternalName".to_owned());
+        spec.external_name = Some("example.com".to_owned());
+        spec.cluster_ip = None;
+        self
+    }
+
+    /// With these `ipFamilies` (`IPv4`, `IPv6`).
+    pub fn families(mut self, families: &[&str]) -> Self {
+        self.spec().ip_families = Some(families.iter().map(|f| (*f).to_owned()).collect());
+        self
+    }
+
+    /// With `publishNotReadyAddresses: true`.
+    pub fn publish_not_ready(mut self) -> Self {
+        self.spec().publish_not_ready_addresses = Some(true);
+        self
+    }
+
+    /// Being deleted (deletionTimestamp set).
+    pub fn deleting(mut self) -> Self {
+        self.0.metadata.deletion_timestamp = Some(time(1));
+        self
+    }
+
+    /// The Service.
+    pub fn build(self) -> Service {
+        self.0
+    }
+}
+
+impl From<Svc> for Service {
+    fn from(builder: Svc) -> Self {
+        builder.0
+    }
+}
+
+// === impl Workload ===
+
+impl Workload {
+    /// A workload in [`NAMESPACE`] with uid `uid-ew-<name>`, no labels, IPs, ports or status.
+    pub fn named(name: &str) -> Self {
+        Workload(ExternalWorkload {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(NAMESPACE.to_owned()),
+                uid: Some(format!("uid-ew-{name}")),
+                ..ObjectMeta::default()
+            },
+            spec: ExternalWorkloadSpec {
+                mesh_tls: MeshTls {
+                    identity: format!(
+                        "{name}.{NAMESPACE}.serviceaccount.identity.linkerd.cluster.local"
+                    ),
+                    server_name: format!("{name}.{NAMESPACE}.cluster.local"),
+                },
+                ..ExternalWorkloadSpec::default()
+            },
+            status: None,
+        })
+    }
+
+    /// In this namespace.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.0.metadata.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// With this uid.
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.0.metadata.uid = Some(uid.to_owned());
+        self
+    }
+
+    /// With this label.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// In this zone (`topology.kubernetes.io/zone`).
+    pub fn zone(self, zone: &str) -> Self {
+        self.label(api::ZONE_LABEL, zone)
+    }
+
+    /// With this address (any text: invalid ones are for tests of invalid data).
+    pub fn ip(mut self, ip: &str) -> Self {
+        self.0
+            .spec
+            .workload_ips
+            .push(WorkloadIp { ip: ip.to_owned() });
+        self
+    }
+
+    /// With a TCP port; `name` empty for unnamed.
+    pub fn port(self, name: &str, port: i32) -> Self {
+        self.port_with_protocol(name, port, None)
+    }
+
+    /// With a port of this protocol.
+    pub fn port_with_protocol(mut self, name: &str, port: i32, protocol: Option<&str>) -> Self {
+        self.0.spec.ports.push(PortSpec {
+            port,
+            name: (!name.is_empty()).then(|| name.to_owned()),
+            protocol: protocol.map(str::to_owned),
+        });
+        self
+    }
+
+    fn condition(mut self, status: &str) -> Self {
+        let conditions = &mut self
+            .0
+            .status
+            .get_or_insert_with(ExternalWorkloadStatus::default)
+            .conditions;
+        conditions.retain(|c| c.type_ != api::READY_CONDITION);
+        conditions.push(Condition {
+            type_: api::READY_CONDITION.to_owned(),
+            status: status.to_owned(),
+            ..Condition::default()
+        });
+        self
+    }
+
+    /// Ready condition `True`.
+    pub fn ready(self) -> Self {
+        self.condition("True")
+    }
+
+    /// Ready condition `False`.
+    pub fn not_ready(self) -> Self {
+        self.condition("False")
+    }
+
+    /// Being deleted (deletionTimestamp set).
+    pub fn terminating(mut self) -> Self {
+        self.0.metadata.deletion_timestamp = Some(time(1));
+        self
+    }
+
+    /// The workload.
+    pub fn build(self) -> ExternalWorkload {
+        self.0
+    }
+}
+
+impl From<Workload> for ExternalWorkload {
+    fn from(builder: Workload) -> Self {
+        builder.0
+    }
+}
+
+// === impl SliceStore ===
+
+impl SliceStore {
+    /// A store holding these slices as they are.
+    pub fn with(slices: impl IntoIterator<Item = EndpointSlice>) -> Self {
+        let mut store = Self::default();
+        for slice in slices {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            store.slices.insert(name, slice);
+        }
+        store
+    }
+
+    /// The slices, by name.
+    pub fn slices(&self) -> Vec<&EndpointSlice> {
+        self.slices.values().collect()
+    }
+
+    /// Applies the plan in write order and returns the server's responses, one per write
+    /// (a delete answers with the deleted slice).
+    pub fn apply(&mut self, plan: &SlicePlan) -> Vec<EndpointSlice> {
+        plan.writes().map(|write| self.write(write)).collect()
+    }
+
+    /// Applies one write as the API server would.
+    pub fn write(&mut self, write: Write<'_>) -> EndpointSlice {
+        self.counter += 1;
+        let mut slice = write.slice().clone();
+        let version = self.counter.to_string();
+        match write {
+            Write::Create(_) => {
+                let name = format!(
+                    "{}{:05}",
+                    slice.metadata.generate_name.clone().unwrap_or_default(),
+                    self.counter
+                );
+                slice.metadata.name = Some(name.clone());
+                slice.metadata.uid = Some(format!("uid-{name}"));
+                slice.metadata.generation = Some(1);
+                slice.metadata.resource_version = Some(version);
+                self.slices.insert(name, slice.clone());
+            }
+            Write::Update(_) => {
+                let name = slice.metadata.name.clone().unwrap_or_default();
+                let old = self.slices.get(&name);
+                let generation = old.and_then(|o| o.metadata.generation).unwrap_or(1);
+                let content_changed =
+                    old.is_none_or(|o| o.endpoints != slice.endpoints || o.ports != slice.ports);
+                slice.metadata.generation = Some(generation + i64::from(content_changed));
+                slice.metadata.resource_version = Some(version);
+                self.slices.insert(name, slice.clone());
+            }
+            Write::Delete(_) => {
+                let name = slice.metadata.name.clone().unwrap_or_default();
+                self.slices.remove(&name);
+            }
+        }
+        slice
+    }
+}
