@@ -141,6 +141,24 @@ impl ElectorHandle {
         }
     }
 
+    /// A handle on leadership decided elsewhere (another election mechanism, or a test driving
+    /// terms by hand through the matching [`LeadershipSender`](crate::LeadershipSender)).
+    /// Releasing it only stops the handle; the sender's owner publishes `None`.
+    pub fn external(leadership: Leadership) -> Self {
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            stopped.cancelled().await;
+            Ok(())
+        });
+        Self {
+            leadership,
+            stop,
+            task: Some(task),
+            metrics: ElectorMetrics::default(),
+        }
+    }
+
     /// The current leadership: `Some(term)` while leading.
     pub fn leadership(&self) -> Leadership {
         self.leadership.clone()

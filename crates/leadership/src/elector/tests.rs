@@ -1,1 +1,354 @@
+//! Elector tests against the in-memory store, in paused time.
 
+use std::time::Duration;
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use tokio::time::{Instant, sleep, timeout};
+
+use super::*;
+use crate::store::MemoryLeaseStore;
+
+const RETRY: Duration = Duration::from_secs(2);
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+fn candidate(store: &MemoryLeaseStore, identity: &str) -> ElectorHandle {
+    LeaseElector::new(LeaseConfig::new("lease", "ns", identity), store.clone())
+        .expect("valid config")
+        .spawn()
+}
+
+fn current(handle: &ElectorHandle) -> Option<Term> {
+    handle.leadership().borrow().clone()
+}
+
+fn spec(store: &MemoryLeaseStore) -> LeaseSpec {
+    store
+        .current()
+        .and_then(|lease| lease.spec)
+        .expect("lease exists")
+}
+
+fn holder_lease(holder: &str, renewed: Timestamp) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some("lease".into()),
+            namespace: Some("ns".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(renewed)),
+            acquire_time: Some(MicroTime(renewed)),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Waits (in paused time) until `handle` leads or not, failing after `within`.
+async fn wait_leading(handle: &ElectorHandle, leading: bool, within: Duration) -> Instant {
+    let mut leadership = handle.leadership();
+    timeout(
+        within,
+        leadership.wait_for(|term| term.is_some() == leading),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("leading={leading} not reached within {within:?}"))
+    .expect("elector alive");
+    Instant::now()
+}
+
+#[tokio::test(start_paused = true)]
+async fn lone_candidate_creates_the_lease_and_leads() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store.connect(), "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let spec = spec(&store);
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    assert_eq!(spec.lease_transitions, Some(0));
+    assert_eq!(spec.lease_duration_seconds, Some(15));
+    assert_eq!(a.metrics().acquisitions(), 1);
+
+    // Renews every RetryPeriod, same term.
+    let term = current(&a).expect("leading");
+    let writes = store.writes().len();
+    sleep(RETRY * 5 + Duration::from_millis(1)).await;
+    assert_eq!(current(&a), Some(term));
+    assert_eq!(store.writes().len(), writes + 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_candidates_never_both_lead() {
+    let store = MemoryLeaseStore::new();
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = candidate(&a_conn, "a");
+    let b = candidate(&b_conn, "b");
+    let (a_fence_rx, b_fence_rx) = (a.leadership(), b.leadership());
+
+    let mut leaders_seen = Vec::new();
+    let started = Instant::now();
+    for step in 0..3000u32 {
+        // A storm of faults: a cut (hang) for each in turn, sporadic failures, conflicts.
+        let at = Instant::now() - started;
+        match step {
+            200 => a_conn.hang(true),
+            600 => a_conn.hang(false),
+            800 => b_conn.hang(true),
+            1300 => b_conn.hang(false),
+            1500 => a_conn.fail_next(3),
+            1700 => b_conn.fail_next(6),
+            2000 => {
+                let holder = store
+                    .current()
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity);
+                let loser = if holder.as_deref() == Some("a") {
+                    &a_conn
+                } else {
+                    &b_conn
+                };
+                loser.hang(true);
+            }
+            2400 => {
+                a_conn.hang(false);
+                b_conn.hang(false);
+            }
+            _ => {}
+        }
+        sleep(Duration::from_millis(50)).await;
+        let a_leads = a_fence_rx.borrow().is_some();
+        let b_leads = b_fence_rx.borrow().is_some();
+        assert!(!(a_leads && b_leads), "both lead at {at:?}");
+        if let Some(leader) = [(a_leads, "a"), (b_leads, "b")].iter().find(|(l, _)| *l) {
+            if leaders_seen.last() != Some(&leader.1) {
+                leaders_seen.push(leader.1);
+            }
+        }
+        // The lease record agrees with whoever believes it leads.
+        if a_leads || b_leads {
+            let holder = spec(&store).holder_identity;
+            assert_eq!(holder.as_deref(), Some(if a_leads { "a" } else { "b" }));
+        }
+    }
+    // Leadership moved across the cuts, and someone leads at the end.
+    assert!(leaders_seen.len() >= 2, "leaders: {leaders_seen:?}");
+    assert!(current(&a).is_some() || current(&b).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_failed_renewal_does_not_step_down() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let term = current(&a).expect("leading");
+
+    store.fail_next(1);
+    sleep(RETRY * 3).await;
+    assert_eq!(current(&a), Some(term.clone()), "no churn on one failure");
+    assert_eq!(a.metrics().renew_failures(), 1);
+    assert_eq!(a.metrics().step_downs(), 0);
+
+    // Failures in a row, as long as a renewal succeeds within RenewDeadline: still no churn
+    // (three failed attempts = 6 s without renewal, plus up to one RetryPeriod before).
+    store.fail_next(3);
+    sleep(RETRY * 6).await;
+    assert_eq!(current(&a), Some(term));
+    assert_eq!(a.metrics().step_downs(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renew_deadline_without_renewal_steps_down_before_others_can_take_over() {
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&store.connect(), "b");
+    sleep(Duration::from_millis(4100)).await;
+    let term = current(&a).expect("leading");
+    let last_renewal = term.last_renewed_at();
+
+    // A's API calls now hang: no error, no answer.
+    a_conn.hang(true);
+    let stepped_down = wait_leading(&a, false, RENEW_DEADLINE + RETRY).await;
+    assert!(
+        stepped_down <= last_renewal + RENEW_DEADLINE,
+        "stepped down {:?} after the last renewal",
+        stepped_down - last_renewal
+    );
+    assert_eq!(a.metrics().step_downs(), 1);
+
+    // B takes over only once the lease expired in B's observation: after A stopped acting.
+    let taken_over = wait_leading(&b, true, LEASE_DURATION + RETRY * 2).await;
+    assert!(taken_over >= last_renewal + LEASE_DURATION);
+    assert!(taken_over > stepped_down + (LEASE_DURATION - RENEW_DEADLINE) - RETRY);
+
+    // A's connection comes back: it sees B and follows.
+    a_conn.hang(false);
+    sleep(RETRY * 3).await;
+    assert!(current(&a).is_none());
+    assert!(current(&b).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_that_sees_another_holder_through_its_watch_steps_down_at_once() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store.connect(), "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    sleep(Duration::from_millis(500)).await;
+
+    let mut intruder = store.current().expect("lease");
+    intruder.spec.as_mut().expect("spec").holder_identity = Some("intruder".into());
+    store.put(Some(intruder));
+    // Within a few milliseconds, far before the next renewal (RetryPeriod) or RenewDeadline.
+    wait_leading(&a, false, Duration::from_millis(5)).await;
+    assert_eq!(a.metrics().step_downs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_that_loses_a_write_race_steps_down_at_once() {
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    a_conn.blind(true); // no watch: only the 409 can tell
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+
+    let mut intruder = store.current().expect("lease");
+    intruder.spec.as_mut().expect("spec").holder_identity = Some("intruder".into());
+    a_conn.intrude_before_next_replace(intruder);
+    let renewal_at = Instant::now() + RETRY;
+    let stepped_down = wait_leading(&a, false, RETRY + Duration::from_millis(5)).await;
+    assert!(stepped_down <= renewal_at + Duration::from_millis(5));
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("intruder"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_lets_a_watching_follower_take_over_immediately() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store.connect(), "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&store.connect(), "b");
+    sleep(Duration::from_millis(700)).await; // B has polled once and is waiting on its watch
+    let transitions = spec(&store).lease_transitions;
+
+    let released_at = Instant::now();
+    a.release().await.expect("released");
+    // Much sooner than B's next poll (RetryPeriod).
+    let taken_over = wait_leading(&b, true, Duration::from_millis(10)).await;
+    assert!(taken_over - released_at < Duration::from_millis(10));
+
+    let release = store
+        .writes()
+        .into_iter()
+        .find(|lease| {
+            lease
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.holder_identity.is_none())
+        })
+        .expect("a release write");
+    let release = release.spec.expect("spec");
+    assert_eq!(release.lease_duration_seconds, Some(1));
+    assert_eq!(release.lease_transitions, transitions);
+    let spec = spec(&store);
+    assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+    assert_eq!(spec.lease_transitions, transitions.map(|t| t + 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn follower_release_writes_nothing() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store.connect(), "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&store.connect(), "b");
+    sleep(Duration::from_millis(700)).await;
+    let writes = store.writes().len();
+    b.release().await.expect("stopped");
+    assert_eq!(store.writes().len(), writes);
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn expiry_is_judged_by_local_observation_and_foreign_fields_are_kept() {
+    let store = MemoryLeaseStore::new();
+    // Held by a crashed replica whose renewTime is long past (or skewed): that is not expiry.
+    let mut old = holder_lease("old", Timestamp::UNIX_EPOCH);
+    old.metadata.labels = Some([("team".to_string(), "mesh".to_string())].into());
+    let spec_mut = old.spec.as_mut().expect("spec");
+    spec_mut.lease_transitions = Some(3);
+    spec_mut.preferred_holder = Some("b".into());
+    spec_mut.strategy = Some("OldestEmulationVersion".into());
+    store.put(Some(old));
+
+    let a = candidate(&store.connect(), "a");
+    sleep(LEASE_DURATION - Duration::from_millis(100)).await;
+    assert!(
+        current(&a).is_none(),
+        "took over before LeaseDuration of local observation"
+    );
+    wait_leading(&a, true, RETRY).await;
+
+    sleep(RETRY * 3).await; // a few renewals
+    let lease = store.current().expect("lease");
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    assert_eq!(
+        spec.lease_transitions,
+        Some(4),
+        "incremented once, kept on renewals"
+    );
+    assert_eq!(spec.preferred_holder.as_deref(), Some("b"));
+    assert_eq!(spec.strategy.as_deref(), Some("OldestEmulationVersion"));
+    assert_eq!(
+        lease.metadata.labels.and_then(|l| l.get("team").cloned()),
+        Some("mesh".into())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleted_lease_is_recreated_by_a_watching_follower_at_once() {
+    let store = MemoryLeaseStore::new();
+    store.put(Some(holder_lease("old", Timestamp::now())));
+    let a = candidate(&store.connect(), "a");
+    sleep(Duration::from_millis(500)).await;
+    assert!(current(&a).is_none());
+    store.put(None);
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_acquisition_starts_a_new_term() {
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let first = current(&a).expect("leading");
+
+    a_conn.hang(true);
+    wait_leading(&a, false, RENEW_DEADLINE + RETRY).await;
+    a_conn.hang(false);
+    // Nobody else took it: A renews its own record and starts a new, newer term.
+    wait_leading(&a, true, RETRY * 2).await;
+    let second = current(&a).expect("leading");
+    assert!(second.id() > first.id());
+    assert_eq!(a.metrics().acquisitions(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_elector_task_is_reported() {
+    let store = MemoryLeaseStore::new();
+    let mut a = candidate(&store, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    store.panic_next();
+    let error = timeout(RETRY * 2, a.lost()).await.expect("reported");
+    assert!(matches!(error, ElectorError::Panicked(_)), "{error}");
+    assert!(
+        current(&a).is_none(),
+        "nobody believes a dead elector leads"
+    );
+}

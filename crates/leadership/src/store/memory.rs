@@ -35,6 +35,9 @@ struct Faults {
     hang: AtomicBool,
     unhang: Notify,
     calls: AtomicU64,
+    blind: AtomicBool,
+    panic_next: AtomicBool,
+    intrusion: Mutex<Option<Lease>>,
 }
 
 // === impl MemoryLeaseStore ===
@@ -99,6 +102,24 @@ impl MemoryLeaseStore {
         }
     }
 
+    /// While `true`, new [`changes`](LeaseStore::changes) streams of this connection never yield
+    /// (a watch that is down), so only polling sees changes.
+    pub fn blind(&self, blind: bool) {
+        self.faults.blind.store(blind, Ordering::SeqCst);
+    }
+
+    /// Makes the next get/create/replace call of this connection panic (a bug in the elector's
+    /// task, to test that a lost elector is reported).
+    pub fn panic_next(&self) {
+        self.faults.panic_next.store(true, Ordering::SeqCst);
+    }
+
+    /// Right before the next replace of this connection, another party writes `lease` (as with
+    /// [`put`](Self::put)), so that replace loses the race with a conflict.
+    pub fn intrude_before_next_replace(&self, lease: Lease) {
+        *self.faults.intrusion.lock() = Some(lease);
+    }
+
     /// How many get/create/replace calls this connection received.
     pub fn calls(&self) -> u64 {
         self.faults.calls.load(Ordering::SeqCst)
@@ -112,6 +133,9 @@ impl MemoryLeaseStore {
 
     async fn enter(&self) -> Result<(), StoreError> {
         self.faults.calls.fetch_add(1, Ordering::SeqCst);
+        if self.faults.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in the lease store");
+        }
         loop {
             let unhang = self.faults.unhang.notified();
             if !self.faults.hang.load(Ordering::SeqCst) {
@@ -164,6 +188,10 @@ impl LeaseStore for MemoryLeaseStore {
     fn replace(&self, lease: Lease) -> BoxFuture<'_, Result<Lease, StoreError>> {
         async move {
             self.enter().await?;
+            let intrusion = self.faults.intrusion.lock().take();
+            if let Some(intrusion) = intrusion {
+                self.put(Some(intrusion));
+            }
             let mut replaced = None;
             self.shared.lease.send_if_modified(|current| {
                 let Some(stored) = current else {
@@ -188,6 +216,9 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
+        if self.faults.blind.load(Ordering::SeqCst) {
+            return futures::stream::pending().boxed();
+        }
         let mut receiver = self.shared.lease.subscribe();
         // Like a watch: the current state first, then every change (intermediate states may be
         // coalesced, which a real watch can also do after a reconnect).

@@ -6,6 +6,9 @@
 //!                                  └──────── drain, then release on shutdown ◄────────────┘
 //! ```
 
+#[cfg(test)]
+mod tests;
+
 use std::{fmt::Display, future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};

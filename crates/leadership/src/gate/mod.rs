@@ -20,6 +20,9 @@
 //! dispatched right after it); the queue deduplicates keys, so this costs at most one extra
 //! reconcile.
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 
 use parking_lot::RwLock;
