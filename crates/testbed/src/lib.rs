@@ -171,13 +171,13 @@ impl Testbed {
     pub async fn shared_or_skip() -> Result<Option<&'static Testbed>, TestbedError> {
         match Binaries::discover() {
             Ok(_) => Self::shared().await.map(Some),
-            Err(error @ TestbedError::MissingBinaries { .. }) if !running_in_ci() => {
+            Err(TestbedError::MissingBinaries { detail, .. }) if !running_in_ci() => {
                 SKIP_NOTICE.call_once(|| {
                     // Straight to the stderr handle: libtest captures `eprintln!`, and a skip
                     // must be visible in a passing run.
                     let _ = writeln!(
                         std::io::stderr(),
-                        "integration tests skipped: run `bash testbed/build.sh` first ({error})"
+                        "integration tests skipped: run `bash testbed/build.sh` ({detail})"
                     );
                 });
                 Ok(None)
