@@ -57,18 +57,14 @@ async fn endpoint_slices_are_found_by_our_labels() {
         .list(&ListParams::default().labels(&selector))
         .await
         .unwrap();
+    let ours = ours.metadata.name.unwrap();
+    assert!(ours.starts_with("linkerd-external-x-"), "{ours}");
     let names: Vec<_> = found
         .items
         .iter()
-        .map(|s| s.metadata.name.clone())
+        .map(|s| s.metadata.name.clone().unwrap())
         .collect();
-    assert_eq!(names, [ours.metadata.name.clone()]);
-    assert!(
-        ours.metadata
-            .name
-            .unwrap()
-            .starts_with("linkerd-external-x-")
-    );
+    assert_eq!(names, [ours]);
     assert_eq!(
         found.items[0].endpoints.as_ref().unwrap()[0].addresses,
         ["192.0.2.10"]
