@@ -33,7 +33,7 @@ pub struct FenceMetrics {
 }
 
 /// Why a write was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Fenced {
     /// The fence's term is no longer the current term: leadership was lost (and maybe regained
     /// under a newer term). Not retryable within this term: drop the work, the new term replays.

@@ -1,4 +1,5 @@
 //! Elector tests against the in-memory store, in paused time.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
 use std::time::Duration;
 
@@ -125,10 +126,11 @@ async fn two_candidates_never_both_lead() {
         let a_leads = a_fence_rx.borrow().is_some();
         let b_leads = b_fence_rx.borrow().is_some();
         assert!(!(a_leads && b_leads), "both lead at {at:?}");
-        if let Some(leader) = [(a_leads, "a"), (b_leads, "b")].iter().find(|(l, _)| *l) {
-            if leaders_seen.last() != Some(&leader.1) {
-                leaders_seen.push(leader.1);
-            }
+        let leader = [(a_leads, "a"), (b_leads, "b")]
+            .into_iter()
+            .find_map(|(leads, name)| leads.then_some(name));
+        if leader.is_some() && leaders_seen.last().copied() != leader {
+            leaders_seen.extend(leader);
         }
         // The lease record agrees with whoever believes it leads.
         if a_leads || b_leads {

@@ -1,4 +1,5 @@
 //! Gate tests: registration only while leading, ordered by term, fresh state, replay.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
 use std::{
     collections::HashSet,

@@ -1,4 +1,5 @@
 //! Work queue tests, in paused time.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
 use std::{sync::Arc, time::Duration};
 
