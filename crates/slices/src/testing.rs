@@ -345,11 +345,12 @@ impl SliceStore {
         let version = self.counter.to_string();
         match write {
             Write::Create(_) => {
-                let name = format!(
-                    "{}{:05}",
-                    slice.metadata.generate_name.clone().unwrap_or_default(),
-                    self.counter
-                );
+                let prefix = slice.metadata.generate_name.clone().unwrap_or_default();
+                let mut name = format!("{prefix}{:05}", self.counter);
+                while self.slices.contains_key(&name) {
+                    self.counter += 1;
+                    name = format!("{prefix}{:05}", self.counter);
+                }
                 slice.metadata.name = Some(name.clone());
                 slice.metadata.uid = Some(format!("uid-{name}"));
                 slice.metadata.generation = Some(1);

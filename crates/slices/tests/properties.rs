@@ -1,0 +1,285 @@
+//! Property tests of the planner's invariants (design.md section 4): re-planning the applied
+//! result is empty; every desired endpoint appears exactly once; no slice over the maximum;
+//! the plan does not depend on input order; inputs are never mutated.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use proptest::prelude::*;
+use slices::testing::{SliceStore, Svc, Workload, time};
+use slices::{Config, SlicePlan, plan_slices};
+
+/// A workload as generated: labels decide selection, the rest the endpoint.
+#[derive(Clone, Debug)]
+struct WorkloadShape {
+    selected: bool,
+    other_namespace: bool,
+    ips: Vec<&'static str>,
+    ports: Vec<(&'static str, i32)>,
+    ready: bool,
+    terminating: bool,
+    zone: Option<&'static str>,
+}
+
+const IPS: &[&str] = &[
+    "10.0.0.1",
+    "10.0.0.2",
+    "10.1.0.3",
+    "fd00::1",
+    "FD00::2",
+    "not-an-ip",
+    "",
+    "10.0.0.256",
+];
+const PORT_NAMES: &[&str] = &["http", "admin", "grpc"];
+
+fn workload_shape() -> impl Strategy<Value = WorkloadShape> {
+    (
+        prop::bool::weighted(0.8),
+        prop::bool::weighted(0.1),
+        prop::collection::vec(prop::sample::select(IPS), 0..3),
+        prop::collection::vec((prop::sample::select(PORT_NAMES), 1..4i32), 0..3),
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+        prop::option::of(prop::sample::select(&["z1", "z2"][..])),
+    )
+        .prop_map(
+            |(selected, other_namespace, ips, ports, ready, terminating, zone)| WorkloadShape {
+                selected,
+                other_namespace,
+                ips,
+                ports,
+                ready,
+                terminating,
+                zone,
+            },
+        )
+}
+
+fn build(index: usize, shape: &WorkloadShape) -> ExternalWorkload {
+    let mut w = Workload::named(&format!("vm-{index:03}"))
+        .label("app", if shape.selected { "web" } else { "other" });
+    if shape.other_namespace {
+        w = w.namespace("elsewhere");
+    }
+    for ip in &shape.ips {
+        w = w.ip(ip);
+    }
+    for (name, port) in &shape.ports {
+        w = w.port(name, 8000 + port);
+    }
+    w = if shape.ready {
+        w.ready()
+    } else {
+        w.not_ready()
+    };
+    if shape.terminating {
+        w = w.terminating();
+    }
+    if let Some(zone) = shape.zone {
+        w = w.zone(zone);
+    }
+    w.build()
+}
+
+fn service() -> impl Strategy<Value = Service> {
+    (
+        prop::sample::select(vec![
+            vec![],
+            vec!["IPv4"],
+            vec!["IPv6"],
+            vec!["IPv4", "IPv6"],
+            vec!["IPv6", "IPv4"],
+        ]),
+        any::<bool>(),
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(families, headless, publish, team_label)| {
+            let mut s = Svc::named("web")
+                .selector("app", "web")
+                .port("http", 80, "http")
+                .port("admin", 81, "admin")
+                .port("raw", 82, 9000);
+            if !families.is_empty() {
+                s = s.families(&families);
+            }
+            if headless {
+                s = s.headless();
+            }
+            if publish {
+                s = s.publish_not_ready();
+            }
+            if team_label {
+                s = s.label("team", "a");
+            }
+            s.build()
+        })
+}
+
+/// A state, and an earlier state whose slices exist (some deleted by someone else).
+fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<EndpointSlice>, usize)>
+{
+    (
+        service(),
+        service(),
+        prop::collection::vec(workload_shape(), 0..30),
+        prop::collection::vec(workload_shape(), 0..30),
+        1..6usize,
+        1..6usize,
+        prop::collection::vec(any::<bool>(), 0..10),
+    )
+        .prop_map(|(svc, earlier_svc, now, earlier, max, earlier_max, lost)| {
+            let workloads: Vec<_> = now.iter().enumerate().map(|(i, s)| build(i, s)).collect();
+            let earlier: Vec<_> = earlier
+                .iter()
+                .enumerate()
+                .map(|(i, s)| build(i, s))
+                .collect();
+            let config = Config {
+                max_endpoints_per_slice: earlier_max,
+                ..Config::default()
+            };
+            let refs: Vec<_> = earlier.iter().collect();
+            let mut store = SliceStore::default();
+            store.apply(&plan_slices(&earlier_svc, &refs, &[], &config, &time(1)));
+            // Someone else deleted some of them.
+            let existing = store
+                .slices()
+                .into_iter()
+                .zip(lost.iter().chain(std::iter::repeat(&false)))
+                .filter(|(_, lost)| !**lost)
+                .map(|(s, _)| s.clone())
+                .collect();
+            (svc, workloads, existing, max)
+        })
+}
+
+fn config(max: usize) -> Config {
+    Config {
+        max_endpoints_per_slice: max,
+        ..Config::default()
+    }
+}
+
+fn run_plan(
+    service: &Service,
+    workloads: &[ExternalWorkload],
+    existing: &[EndpointSlice],
+    config: &Config,
+) -> SlicePlan {
+    let refs: Vec<_> = workloads.iter().collect();
+    let existing: Vec<_> = existing.iter().collect();
+    plan_slices(service, &refs, &existing, config, &time(50))
+}
+
+/// Oracle: (workload, addressType) pairs that must appear exactly once.
+fn expected_endpoints(
+    service: &Service,
+    workloads: &[ExternalWorkload],
+) -> BTreeMap<(String, String), usize> {
+    let families: Vec<String> = match service.spec.as_ref().and_then(|s| s.ip_families.clone()) {
+        Some(f) if !f.is_empty() => f,
+        _ => vec!["IPv4".into(), "IPv6".into()],
+    };
+    let mut expected = BTreeMap::new();
+    for w in workloads {
+        let selected = w.metadata.namespace.as_deref() == Some("default")
+            && w.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .map(String::as_str)
+                == Some("web");
+        if !selected {
+            continue;
+        }
+        for ip in &w.spec.workload_ips {
+            if let Ok(ip) = ip.ip.parse::<IpAddr>() {
+                let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+                if families.iter().any(|f| f == family) {
+                    expected.insert((w.metadata.name.clone().unwrap(), family.to_owned()), 1);
+                }
+            }
+        }
+    }
+    expected
+}
+
+fn actual_endpoints(slices: &[&EndpointSlice]) -> BTreeMap<(String, String), usize> {
+    let mut actual = BTreeMap::new();
+    for slice in slices {
+        for endpoint in slice.endpoints.iter().flatten() {
+            let name = endpoint
+                .target_ref
+                .as_ref()
+                .and_then(|t| t.name.clone())
+                .unwrap_or_default();
+            *actual
+                .entry((name, slice.address_type.clone()))
+                .or_insert(0) += 1;
+        }
+    }
+    actual
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replanning_the_applied_result_is_empty((service, workloads, existing, max) in scenario()) {
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        let mut store = SliceStore::with(existing);
+        store.apply(&plan);
+        let current: Vec<EndpointSlice> = store.slices().into_iter().cloned().collect();
+        let again = run_plan(&service, &workloads, &current, &config);
+        prop_assert!(again.is_empty(), "second plan: {:#?}", again);
+    }
+
+    #[test]
+    fn every_desired_endpoint_appears_exactly_once((service, workloads, existing, max) in scenario()) {
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        let mut store = SliceStore::with(existing);
+        store.apply(&plan);
+        prop_assert_eq!(actual_endpoints(&store.slices()), expected_endpoints(&service, &workloads));
+    }
+
+    #[test]
+    fn no_slice_holds_more_than_the_maximum((service, workloads, existing, max) in scenario()) {
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        for slice in plan.creates.iter().chain(&plan.updates) {
+            let len = slice.endpoints.as_ref().map_or(0, Vec::len);
+            prop_assert!((1..=max).contains(&len), "slice with {} endpoints, max {}", len, max);
+        }
+    }
+
+    #[test]
+    fn plan_does_not_depend_on_input_order((service, workloads, existing, max) in scenario(), rotate in 0..30usize) {
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        let mut shuffled = workloads.clone();
+        shuffled.reverse();
+        if !shuffled.is_empty() {
+            let by = rotate % shuffled.len();
+            shuffled.rotate_left(by);
+        }
+        let mut existing_shuffled = existing.clone();
+        existing_shuffled.reverse();
+        prop_assert_eq!(plan, run_plan(&service, &shuffled, &existing_shuffled, &config));
+    }
+
+    #[test]
+    fn inputs_are_never_mutated((service, workloads, existing, max) in scenario()) {
+        let config = config(max);
+        let before = (service.clone(), workloads.clone(), existing.clone(), config.clone());
+        let _ = run_plan(&service, &workloads, &existing, &config);
+        prop_assert_eq!((service, workloads, existing, config), before);
+    }
+}
