@@ -46,6 +46,7 @@ enum Reaction {
 enum StepDown {
     RenewDeadlinePassed,
     AnotherHolder,
+    LeaseCleared,
     Released,
 }
 
@@ -145,6 +146,7 @@ impl<S: LeaseStore> Candidate<S> {
             Err(error) => return self.failed(&error),
         };
         self.observe(current.clone(), Instant::now());
+        self.step_down_unless_named();
         let Some(lease) = current else {
             let lease = record::new_lease(&self.config, self.duration_seconds);
             return match self.store.create(lease).await {
@@ -154,7 +156,7 @@ impl<S: LeaseStore> Candidate<S> {
             };
         };
         if self.held_by_other(Instant::now()) {
-            return self.step_down(StepDown::AnotherHolder);
+            return;
         }
         let claimed = record::claim(lease, &self.config, self.duration_seconds);
         match self.store.replace(claimed).await {
@@ -164,15 +166,13 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
-    /// Re-reads the lease after a lost race or a watched change naming another holder, and steps
-    /// down at once if another holder has an unexpired lease.
+    /// Re-reads the lease after a lost race or a watched change naming another holder (or none),
+    /// and steps down at once if the record no longer names us.
     async fn confirm_holder(&mut self) {
         match self.store.get().await {
             Ok(current) => {
                 self.observe(current, Instant::now());
-                if self.held_by_other(Instant::now()) {
-                    self.step_down(StepDown::AnotherHolder);
-                }
+                self.step_down_unless_named();
             }
             Err(error) => self.failed(&error),
         }
@@ -193,6 +193,27 @@ impl<S: LeaseStore> Candidate<S> {
             (None, true) => Reaction::ConfirmHolder,
             (Some(holder), true) if holder != self.config.identity => Reaction::ConfirmHolder,
             _ => Reaction::Nothing,
+        }
+    }
+
+    /// While leading, a record that does not name us (another holder, no holder, or no lease)
+    /// means the lease is not ours any more, whatever our last renewal says: the term ends now.
+    /// If the lease is free, a later guarded write may start a new term.
+    fn step_down_unless_named(&mut self) {
+        if self.term.is_none() {
+            return;
+        }
+        let named = self
+            .observed
+            .as_ref()
+            .is_some_and(|observed| observed.held_by(&self.config.identity));
+        if !named {
+            let reason = if self.held_by_other(Instant::now()) {
+                StepDown::AnotherHolder
+            } else {
+                StepDown::LeaseCleared
+            };
+            self.step_down(reason);
         }
     }
 

@@ -354,3 +354,31 @@ async fn a_lost_elector_task_is_reported() {
         "nobody believes a dead elector leads"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn leader_whose_holder_is_cleared_by_someone_else_ends_its_term_at_once() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store.connect(), "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let first = current(&a).expect("leading");
+    let mut leadership = a.leadership();
+    leadership.borrow_and_update();
+
+    let mut cleared = store.current().expect("lease");
+    cleared.spec.as_mut().expect("spec").holder_identity = None;
+    store.put(Some(cleared));
+    // The term ends at once (a follower may be taking the free lease right now)...
+    timeout(Duration::from_millis(5), leadership.changed())
+        .await
+        .expect("changed at once")
+        .expect("alive");
+    assert!(leadership.borrow_and_update().is_none());
+    // ...and a new term starts only through a guarded write.
+    let second = timeout(RETRY * 2, leadership.wait_for(Option::is_some))
+        .await
+        .expect("re-acquired")
+        .expect("alive")
+        .clone()
+        .expect("term");
+    assert!(second.id() > first.id());
+}

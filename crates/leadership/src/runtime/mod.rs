@@ -142,6 +142,7 @@ where
         let mut workers = self.spawn_workers();
         let mut current: Option<Term> = None;
         let mut next_resync = self.next_resync();
+        let mut leadership_open = true;
         let initial = leadership.borrow_and_update().clone();
         self.apply(&mut current, initial, &leadership);
 
@@ -157,15 +158,15 @@ where
                     workers.abort_all();
                     return Err(RuntimeError::ElectorLost(error));
                 }
-                changed = leadership.changed() => {
-                    if changed.is_err() {
-                        // The elector is gone; `lost` reports why on the next turn.
-                        let error = elector.lost().await;
-                        self.queue.close();
-                        workers.abort_all();
-                        return Err(RuntimeError::ElectorLost(error));
-                    }
-                    let next = leadership.borrow_and_update().clone();
+                changed = leadership.changed(), if leadership_open => {
+                    let next = if changed.is_ok() {
+                        leadership.borrow_and_update().clone()
+                    } else {
+                        // Nobody can publish leadership any more: follow. If the elector task
+                        // ended, `lost` reports it on the next turn.
+                        leadership_open = false;
+                        None
+                    };
                     self.apply(&mut current, next, &leadership);
                 }
                 () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
@@ -223,11 +224,10 @@ where
                     return;
                 }
                 changed = leadership.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
                     // Only losing the term matters now: intake is closed, no new term starts.
-                    if leadership.borrow_and_update().is_none() {
+                    // A different term (a loss and re-acquisition seen at once) is a loss too.
+                    let lost = changed.is_err() || *leadership.borrow_and_update() != *current;
+                    if lost {
                         if let Some(term) = current.take() {
                             self.gate.stop(term.id());
                         }

@@ -414,3 +414,36 @@ async fn terms_driven_externally_and_periodic_resync_replays_while_leading() {
     shutdown.cancel();
     run.await.expect("task").expect("clean shutdown");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_external_leadership_source_means_following() {
+    let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
+    let runtime = Runtime::new(
+        RuntimeConfig::default(),
+        |_term: &Term| (),
+        |_context: &TermContext<u32, ()>| {},
+        |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+    );
+    let gate = runtime.gate();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
+    assert!(
+        eventually(Duration::from_millis(50), || gate
+            .registered_term()
+            .is_some())
+        .await
+    );
+    drop(leadership);
+    assert!(
+        eventually(Duration::from_millis(50), || gate
+            .registered_term()
+            .is_none())
+        .await
+    );
+    shutdown.cancel();
+    timeout(Duration::from_millis(1), run)
+        .await
+        .expect("returned at once")
+        .expect("task")
+        .expect("clean shutdown");
+}
