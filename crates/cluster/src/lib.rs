@@ -1,1 +1,290 @@
-//! cluster (to be filled).
+//! Kubernetes glue of external-endpoints: watches and caches, the handlers that turn changes
+//! into Service keys, the reconcile, the fenced writer, Events and metrics.
+//!
+//! ```text
+//!  watch(Service) ─┐                                  ┌─► reconcile(key, term) ─► plan ─► fenced writer
+//!  watch(EW) ──────┼─► Caches ─► Gate::dispatch ─► queue
+//!  watch(slices) ──┘   (always)  (leader only)
+//! ```
+//!
+//! Every replica runs the watches; the elector starts only once all three caches have synced,
+//! so a term never plans on a partial cache.
+#![deny(missing_docs)]
+
+pub mod cache;
+pub mod caches;
+pub mod events;
+pub mod handlers;
+pub mod metrics;
+pub mod reconcile;
+pub mod watch;
+pub mod writer;
+
+use std::sync::Arc;
+
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{Api, Client, runtime::watcher};
+use leadership::{
+    ElectorHandle, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError,
+};
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use slices::{MANAGED_BY_LABEL, ServiceKey};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    caches::Caches,
+    events::Diagnostics,
+    handlers::ServiceGate,
+    metrics::{KindLabels, LeadershipCollector, Metrics},
+    reconcile::{ReconcileError, Shared, TermState},
+    writer::{KubeSlices, SliceApi},
+};
+
+/// Everything the controller is configured with.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Planner settings (max endpoints per slice, managed-by, name prefix).
+    pub slices: slices::Config,
+    /// The Lease and its timings.
+    pub lease: LeaseConfig,
+    /// Workers, drain timeout, fence margin, resync period, queue pacing.
+    pub runtime: RuntimeConfig,
+    /// How long a Service may wait on a cache that does not catch up with this term's writes.
+    pub stale_limit: std::time::Duration,
+}
+
+/// Why the controller stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Lease settings are invalid. Not retryable.
+    #[error("invalid lease settings: {0}")]
+    Lease(#[from] leadership::ConfigError),
+    /// The planner settings are invalid. Not retryable.
+    #[error("invalid slice settings: {0}")]
+    Slices(#[from] slices::ConfigError),
+    /// Leader election stopped. Not retryable: the process exits and is restarted.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// A controller ready to run: metrics registered, nothing started yet.
+pub struct Controller<W = KubeSlices> {
+    client: Client,
+    config: ControllerConfig,
+    caches: Arc<Caches>,
+    metrics: Metrics,
+    runtime: Runtime<ServiceKey, TermState, ReconcileError>,
+    elector_slot: Arc<Mutex<Option<ElectorSlot>>>,
+    _writer: std::marker::PhantomData<W>,
+}
+
+/// The elector's metrics, available once the elector runs.
+#[derive(Debug)]
+struct ElectorSlot {
+    metrics: leadership::ElectorMetrics,
+    leadership: leadership::Leadership,
+}
+
+// === impl Controller ===
+
+impl Controller<KubeSlices> {
+    /// A controller writing through `client`; registers its metrics in `registry`.
+    pub fn new(
+        client: Client,
+        config: ControllerConfig,
+        registry: &mut Registry,
+    ) -> Result<Self, Error> {
+        let api = KubeSlices::new(client.clone());
+        Self::with_writer(client, config, api, registry)
+    }
+}
+
+impl<W: SliceApi> Controller<W> {
+    /// A controller writing slices through `api` (tests inject faults there).
+    pub fn with_writer(
+        client: Client,
+        config: ControllerConfig,
+        api: W,
+        registry: &mut Registry,
+    ) -> Result<Self, Error> {
+        config.slices.validate()?;
+        config.lease.validate()?;
+        let caches = Arc::new(Caches::new());
+        let metrics = Metrics::register(registry);
+        let shared = Arc::new(Shared {
+            caches: caches.clone(),
+            config: config.slices.clone(),
+            api,
+            diagnostics: Some(Diagnostics::new(
+                client.clone(),
+                &config.slices.managed_by,
+                &config.lease.identity,
+            )),
+            metrics: metrics.clone(),
+            stale_limit: config.stale_limit,
+        });
+        let replay_caches = caches.clone();
+        let replay_config = config.slices.clone();
+        let runtime = Runtime::new(
+            config.runtime.clone(),
+            |_term| TermState::default(),
+            move |context| handlers::replay(context, &replay_caches, &replay_config),
+            move |key, context| reconcile::reconcile(key, context, shared.clone()),
+        );
+        let elector_slot = Arc::new(Mutex::new(None));
+        registry.register_collector(Box::new(SlotCollector {
+            slot: elector_slot.clone(),
+            fence: runtime.fence_metrics(),
+            queue: runtime.queue(),
+        }));
+        Ok(Self {
+            client,
+            config,
+            caches,
+            metrics,
+            runtime,
+            elector_slot,
+            _writer: std::marker::PhantomData,
+        })
+    }
+
+    /// The caches (for tests and benchmarks).
+    pub fn caches(&self) -> Arc<Caches> {
+        self.caches.clone()
+    }
+
+    /// Runs until `shutdown`: watches start at once; once every cache has synced, `on_synced`
+    /// runs and the elector starts competing. On shutdown the runtime drains, then releases the
+    /// Lease, then this returns.
+    pub async fn run(
+        self,
+        on_synced: impl FnOnce() + Send,
+        shutdown: CancellationToken,
+    ) -> Result<(), Error> {
+        let watches = shutdown.child_token();
+        let gate = self.runtime.gate();
+        let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(3);
+        self.spawn_watches(&gate, synced_tx, watches.clone());
+
+        for _ in 0..3 {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    watches.cancel();
+                    return Ok(());
+                }
+                _ = synced_rx.recv() => {}
+            }
+        }
+        let (services, workloads, slices) = self.caches.summary();
+        tracing::info!(services, workloads, slices, "caches synced; joining the election");
+        on_synced();
+
+        let elector: ElectorHandle =
+            LeaseElector::for_client(self.client.clone(), self.config.lease.clone())?.spawn();
+        *self.elector_slot.lock() = Some(ElectorSlot {
+            metrics: elector.metrics(),
+            leadership: elector.leadership(),
+        });
+        let result = self.runtime.run(elector, shutdown).await;
+        watches.cancel();
+        Ok(result?)
+    }
+
+    fn spawn_watches(
+        &self,
+        gate: &ServiceGate,
+        synced: tokio::sync::mpsc::Sender<()>,
+        stop: CancellationToken,
+    ) {
+        let client = &self.client;
+        let caches = &self.caches;
+        let errors = |kind: &'static str| {
+            self.metrics
+                .watch_errors
+                .get_or_create(&KindLabels { kind })
+                .clone()
+        };
+        let ready = |synced: &tokio::sync::mpsc::Sender<()>| {
+            let synced = synced.clone();
+            move || {
+                let _ = synced.try_send(());
+            }
+        };
+
+        let services_gate = gate.clone();
+        tokio::spawn(watch::run(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            caches.services.clone(),
+            move |change| {
+                services_gate.dispatch(|context| handlers::on_service(context, &change));
+            },
+            ready(&synced),
+            errors("Service"),
+            stop.clone(),
+        ));
+
+        let workloads_gate = gate.clone();
+        let workload_caches = caches.clone();
+        tokio::spawn(watch::run(
+            Api::<ExternalWorkload>::all(client.clone()),
+            watcher::Config::default(),
+            caches.workloads.clone(),
+            move |change| {
+                workloads_gate.dispatch(|context| {
+                    handlers::on_workload(context, &workload_caches, &change)
+                });
+            },
+            ready(&synced),
+            errors("ExternalWorkload"),
+            stop.clone(),
+        ));
+
+        let slices_gate = gate.clone();
+        let config = self.config.slices.clone();
+        let selector = format!("{MANAGED_BY_LABEL}={}", self.config.slices.managed_by);
+        tokio::spawn(watch::run(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default().labels(&selector),
+            caches.slices.clone(),
+            move |change| {
+                slices_gate.dispatch(|context| handlers::on_slice(context, &config, &change));
+            },
+            ready(&synced),
+            errors("EndpointSlice"),
+            stop,
+        ));
+    }
+}
+
+/// Reads leadership counters on scrape; the elector part appears once the elector runs.
+#[derive(Debug)]
+struct SlotCollector {
+    slot: Arc<Mutex<Option<ElectorSlot>>>,
+    fence: leadership::FenceMetrics,
+    queue: leadership::WorkQueue<ServiceKey>,
+}
+
+impl prometheus_client::collector::Collector for SlotCollector {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let (elector, leadership) = match self.slot.lock().as_ref() {
+            Some(slot) => (slot.metrics.clone(), slot.leadership.clone()),
+            None => (
+                leadership::ElectorMetrics::default(),
+                tokio::sync::watch::channel(None).1,
+            ),
+        };
+        LeadershipCollector {
+            elector,
+            fence: self.fence.clone(),
+            queue: self.queue.clone(),
+            leadership,
+        }
+        .encode(encoder)
+    }
+}

@@ -1,0 +1,90 @@
+//! Handlers: what a change seen by a watch means for the queue, while leading.
+//!
+//! The watches call these on every replica, always; [`Gate::dispatch`] runs the closure only
+//! while this replica leads, under the gate's lock, so a handler never runs on a follower.
+
+use std::sync::Arc;
+
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use leadership::{Gate, TermContext};
+use slices::{ServiceKey, keys};
+
+use crate::{cache::Change, caches::Caches, reconcile::TermState};
+
+/// The gate of this controller.
+pub type ServiceGate = Gate<ServiceKey, TermState>;
+
+/// The context handlers and reconciles get.
+pub type Context = TermContext<ServiceKey, TermState>;
+
+/// A Service change names that Service (add, update and delete alike).
+pub fn on_service(context: &Context, change: &Change<Service>) {
+    if let Some(service) = change.new.as_ref().or(change.old.as_ref()) {
+        context.enqueue(keys::for_service(service));
+    }
+}
+
+/// A workload change names the Services that select its old or new version, when something the
+/// slices show changed.
+pub fn on_workload(context: &Context, caches: &Caches, change: &Change<ExternalWorkload>) {
+    let mut candidates: Vec<Arc<Service>> = Vec::new();
+    for workload in change.old.iter().chain(change.new.iter()) {
+        candidates.extend(caches.candidate_services(workload));
+    }
+    let services = candidates.iter().map(Arc::as_ref);
+    for key in keys::for_workload(change.old.as_deref(), change.new.as_deref(), services) {
+        context.enqueue(key);
+    }
+}
+
+/// A managed slice change names its Service, unless it is this term's own write coming back.
+pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<EndpointSlice>) {
+    let keys = {
+        let mut tracker = context.state().tracker.lock();
+        tracker.observe(change.old.as_deref(), change.new.as_deref());
+        keys::for_slice(
+            change.old.as_deref(),
+            change.new.as_deref(),
+            config,
+            &tracker,
+        )
+    };
+    for key in keys {
+        context.enqueue(key);
+    }
+}
+
+/// Passes every cached Service, workload and slice through the handlers, from the caches (no
+/// API LIST): run when a term starts and on each periodic resync.
+pub fn replay(context: &Context, caches: &Caches, config: &slices::Config) {
+    for service in caches.services.all() {
+        on_service(
+            context,
+            &Change {
+                old: None,
+                new: Some(service),
+            },
+        );
+    }
+    for workload in caches.workloads.all() {
+        on_workload(
+            context,
+            caches,
+            &Change {
+                old: None,
+                new: Some(workload),
+            },
+        );
+    }
+    for slice in caches.slices.all() {
+        on_slice(
+            context,
+            config,
+            &Change {
+                old: None,
+                new: Some(slice),
+            },
+        );
+    }
+}

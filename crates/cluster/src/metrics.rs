@@ -1,0 +1,266 @@
+//! Prometheus metrics of the controller (design.md section 8). Labels are bounded enums only;
+//! object names never become labels.
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::ConstGauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use leadership::{ElectorMetrics, FenceMetrics, Leadership, WorkQueue};
+use slices::ServiceKey;
+
+/// Counters and histograms the reconcile path updates.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Reconcile durations by outcome.
+    pub reconcile_duration: Family<OutcomeLabels, Histogram>,
+    /// Slice writes sent and accepted, by operation.
+    pub slice_writes: Family<WriteLabels, Counter>,
+    /// Slice writes that failed, by operation.
+    pub slice_write_errors: Family<WriteLabels, Counter>,
+    /// Reconciles postponed because the cache was behind our own writes.
+    pub stale_cache_retries: Counter,
+    /// Workload values left out of slices, by reason.
+    pub invalid_workload_data: Family<ReasonLabels, Counter>,
+    /// Warning Events published on Services.
+    pub events_published: Counter,
+    /// Watch errors (each retried with backoff), by kind.
+    pub watch_errors: Family<KindLabels, Counter>,
+}
+
+/// How a reconcile ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Outcome {
+    /// Planned and wrote (or had nothing to write).
+    Ok,
+    /// The cache was behind; retried shortly without writing.
+    Stale,
+    /// A write was refused by the fence.
+    Fenced,
+    /// An API call failed; retried with backoff.
+    Error,
+}
+
+/// Label set with an [`Outcome`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// How the reconcile ended.
+    pub outcome: Outcome,
+}
+
+/// A slice write operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Operation {
+    /// A create.
+    Create,
+    /// An update.
+    Update,
+    /// A delete.
+    Delete,
+}
+
+/// Label set with an [`Operation`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// The operation.
+    pub operation: Operation,
+}
+
+/// Label set with a bounded reason (from `slices::Problem::reason`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// Label set with a watched kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The watched kind.
+    pub kind: &'static str,
+}
+
+/// Reads the leadership runtime's own counters on each scrape.
+#[derive(Debug)]
+pub struct LeadershipCollector {
+    /// The elector's counters.
+    pub elector: ElectorMetrics,
+    /// The fences' refusals.
+    pub fence: FenceMetrics,
+    /// The work queue.
+    pub queue: WorkQueue<ServiceKey>,
+    /// Current leadership.
+    pub leadership: Leadership,
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` (which should carry the
+    /// `external_endpoints` prefix).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            reconcile_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.5, 14))
+            }),
+            slice_writes: Family::default(),
+            slice_write_errors: Family::default(),
+            stale_cache_retries: Counter::default(),
+            invalid_workload_data: Family::default(),
+            events_published: Counter::default(),
+            watch_errors: Family::default(),
+        };
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time to reconcile one Service, by outcome",
+            metrics.reconcile_duration.clone(),
+        );
+        registry.register(
+            "slice_writes",
+            "EndpointSlice writes accepted by the API, by operation",
+            metrics.slice_writes.clone(),
+        );
+        registry.register(
+            "slice_write_errors",
+            "EndpointSlice writes that failed, by operation",
+            metrics.slice_write_errors.clone(),
+        );
+        registry.register(
+            "stale_cache_retries",
+            "Reconciles postponed because the cache had not caught up with this term's writes",
+            metrics.stale_cache_retries.clone(),
+        );
+        registry.register(
+            "invalid_workload_data",
+            "Workload values left out of slices (non-IP address, unresolved named port), by reason",
+            metrics.invalid_workload_data.clone(),
+        );
+        registry.register(
+            "events_published",
+            "Warning Events published on Services",
+            metrics.events_published.clone(),
+        );
+        registry.register(
+            "watch_errors",
+            "Watch errors, each retried with backoff, by kind",
+            metrics.watch_errors.clone(),
+        );
+        metrics
+    }
+
+    /// Counts one accepted write.
+    pub fn count_write(&self, operation: Operation) {
+        self.slice_writes
+            .get_or_create(&WriteLabels { operation })
+            .inc();
+    }
+
+    /// Counts one failed write.
+    pub fn count_write_error(&self, operation: Operation) {
+        self.slice_write_errors
+            .get_or_create(&WriteLabels { operation })
+            .inc();
+    }
+}
+
+// === impl LeadershipCollector ===
+
+impl Collector for LeadershipCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let term = self.leadership.borrow().as_ref().map(|t| t.id());
+        gauge(
+            &mut encoder,
+            "leader",
+            "1 while this replica holds the Lease and writes, else 0",
+            i64::from(term.is_some()),
+        )?;
+        gauge(
+            &mut encoder,
+            "leader_term",
+            "Id of the current leadership term of this process (0 while following)",
+            term.map_or(0, |id| id as i64),
+        )?;
+        counter(
+            &mut encoder,
+            "leader_acquisitions",
+            "Leadership terms started (Lease acquired)",
+            self.elector.acquisitions(),
+        )?;
+        counter(
+            &mut encoder,
+            "leader_step_downs",
+            "Leadership terms ended (renew deadline passed, another holder seen, or released)",
+            self.elector.step_downs(),
+        )?;
+        counter(
+            &mut encoder,
+            "lease_renew_failures",
+            "Lease renewals that failed",
+            self.elector.renew_failures(),
+        )?;
+        counter(
+            &mut encoder,
+            "fenced_writes",
+            "Writes refused because the term was over or the lease not safely held",
+            self.fence.fenced(),
+        )?;
+        gauge(
+            &mut encoder,
+            "queue_depth",
+            "Service keys queued or waiting for a retry",
+            (self.queue.depth() + self.queue.waiting()) as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "queue_in_flight",
+            "Service keys being reconciled",
+            self.queue.in_flight() as i64,
+        )?;
+        counter(
+            &mut encoder,
+            "queue_adds",
+            "Service keys added to the queue",
+            self.queue.adds(),
+        )?;
+        counter(
+            &mut encoder,
+            "queue_retries",
+            "Service keys requeued after a failure",
+            self.queue.retries(),
+        )?;
+        counter(
+            &mut encoder,
+            "queue_capped_retries",
+            "Retries made at the maximum backoff (a key failing again and again, still retried)",
+            self.queue.capped_retries(),
+        )?;
+        Ok(())
+    }
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}

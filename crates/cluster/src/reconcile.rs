@@ -1,0 +1,185 @@
+//! One reconcile: caches → stale check → plan → fenced writes → tracker.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::{
+    api::discovery::v1::EndpointSlice, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp,
+};
+use leadership::{Action, Fenced, TermContext};
+use parking_lot::Mutex;
+use slices::{Freshness, ServiceKey, Tracker, plan_slices};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::{
+    caches::Caches,
+    events::Diagnostics,
+    metrics::{Metrics, Outcome, OutcomeLabels},
+    writer::{SliceApi, WriteError, write_plan},
+};
+
+/// How soon a Service is looked at again when the cache has not caught up with our writes.
+pub const STALE_RETRY: Duration = Duration::from_millis(100);
+
+/// How soon a Service is looked at again after a write conflict.
+pub const CONFLICT_RETRY: Duration = Duration::from_millis(250);
+
+/// How soon a Service is looked at again when the lease is not safely held right now.
+pub const FENCED_RETRY: Duration = Duration::from_secs(1);
+
+/// Per-term state: built fresh for every term (the stale-tracker scenario of design.md 6).
+#[derive(Default)]
+pub struct TermState {
+    /// What this term wrote and deleted.
+    pub tracker: Mutex<Tracker>,
+    /// Since when each Service has been waiting on a stale cache.
+    stale_since: Mutex<HashMap<ServiceKey, Instant>>,
+}
+
+/// What every reconcile shares.
+pub struct Shared<W> {
+    /// The caches.
+    pub caches: Arc<Caches>,
+    /// Planner configuration.
+    pub config: slices::Config,
+    /// The writer.
+    pub api: W,
+    /// Events for unusable workload data.
+    pub diagnostics: Option<Diagnostics>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// How long a Service may wait on a cache that never catches up before the tracker's
+    /// records for it are dropped (a safety valve; it should never be reached).
+    pub stale_limit: Duration,
+}
+
+/// Why a reconcile failed (the queue retries it with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A write failed. Retryable.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+/// Reconciles the Service `key` within the term of `context`.
+pub async fn reconcile<W: SliceApi>(
+    key: ServiceKey,
+    context: TermContext<ServiceKey, TermState>,
+    shared: Arc<Shared<W>>,
+) -> Result<Action, ReconcileError> {
+    let span = tracing::info_span!("reconcile", service = %key, term = context.term().id());
+    let started = Instant::now();
+    let result = reconcile_inner(&key, &context, &shared)
+        .instrument(span.clone())
+        .await;
+    let outcome = match &result {
+        Ok(ReconcileOutcome::Stale) => Outcome::Stale,
+        Ok(ReconcileOutcome::Fenced) => Outcome::Fenced,
+        Ok(_) => Outcome::Ok,
+        Err(_) => Outcome::Error,
+    };
+    shared
+        .metrics
+        .reconcile_duration
+        .get_or_create(&OutcomeLabels { outcome })
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(ReconcileOutcome::Done) => Ok(Action::Done),
+        Ok(ReconcileOutcome::Stale) => Ok(Action::RequeueAfter(STALE_RETRY)),
+        Ok(ReconcileOutcome::Fenced) => Ok(Action::RequeueAfter(FENCED_RETRY)),
+        Ok(ReconcileOutcome::Conflict) => Ok(Action::RequeueAfter(CONFLICT_RETRY)),
+        Err(error) => {
+            tracing::warn!(parent: &span, %error, "reconcile failed; will retry");
+            Err(error)
+        }
+    }
+}
+
+enum ReconcileOutcome {
+    Done,
+    Stale,
+    Fenced,
+    Conflict,
+}
+
+async fn reconcile_inner<W: SliceApi>(
+    key: &ServiceKey,
+    context: &TermContext<ServiceKey, TermState>,
+    shared: &Shared<W>,
+) -> Result<ReconcileOutcome, ReconcileError> {
+    let state = context.state();
+    let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
+        // Deleted: its slices go by garbage collection (owner reference).
+        state.tracker.lock().forget(key);
+        state.stale_since.lock().remove(key);
+        tracing::debug!("service gone; forgetting it");
+        return Ok(ReconcileOutcome::Done);
+    };
+    let cached = shared.caches.slices_of(key);
+    let existing: Vec<&EndpointSlice> = cached.iter().map(Arc::as_ref).collect();
+
+    let freshness = state.tracker.lock().check(key, &existing);
+    if let Freshness::Stale(reason) = freshness {
+        let now = Instant::now();
+        let since = *state.stale_since.lock().entry(key.clone()).or_insert(now);
+        if now.duration_since(since) < shared.stale_limit {
+            shared.metrics.stale_cache_retries.inc();
+            tracing::debug!(reason = reason.reason(), "cache behind our writes; retrying shortly");
+            return Ok(ReconcileOutcome::Stale);
+        }
+        tracing::warn!(
+            reason = reason.reason(),
+            "cache still behind after {:?}; dropping this Service's write records",
+            shared.stale_limit
+        );
+        state.tracker.lock().forget(key);
+    }
+    state.stale_since.lock().remove(key);
+
+    let candidates = shared.caches.candidate_workloads(&service);
+    let workloads: Vec<&ExternalWorkload> = candidates.iter().map(Arc::as_ref).collect();
+    let now = Time(Timestamp::now());
+    let plan = plan_slices(&service, &workloads, &existing, &shared.config, &now);
+
+    if let Some(diagnostics) = &shared.diagnostics {
+        diagnostics
+            .report(
+                &service,
+                key,
+                &plan.diagnostics,
+                context.fence(),
+                &shared.metrics,
+            )
+            .await;
+    }
+    if plan.is_empty() {
+        tracing::debug!("slices up to date");
+        return Ok(ReconcileOutcome::Done);
+    }
+    let fence = context.fence();
+    match write_plan(&shared.api, key, &plan, fence, &state.tracker, &shared.metrics).await {
+        Ok(written) => {
+            tracing::info!(
+                created = written.created,
+                updated = written.updated,
+                deleted = written.deleted,
+                "slices written"
+            );
+            Ok(ReconcileOutcome::Done)
+        }
+        Err(WriteError::Fenced(Fenced::TermEnded { .. })) => {
+            tracing::info!("term over; write refused (the next term replays)");
+            Ok(ReconcileOutcome::Done)
+        }
+        Err(WriteError::Fenced(Fenced::LeaseNotSafelyHeld { .. })) => {
+            tracing::info!("lease not safely held; write refused, retrying shortly");
+            Ok(ReconcileOutcome::Fenced)
+        }
+        Err(WriteError::Conflict { slice, .. }) => {
+            tracing::debug!(%slice, "write conflict; retrying once the cache catches up");
+            Ok(ReconcileOutcome::Conflict)
+        }
+        Err(error) => Err(error.into()),
+    }
+}

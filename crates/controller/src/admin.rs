@@ -1,0 +1,195 @@
+//! Admin HTTP server: `/live`, `/ready` and `/metrics`.
+//!
+//! `/ready` is true once every cache has synced, on followers as well as on the leader (a warm
+//! standby is ready to take over), and false again once shutdown starts.
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Readiness as the admin server reports it.
+#[derive(Debug, Default)]
+pub struct Health {
+    caches_synced: AtomicBool,
+    shutting_down: AtomicBool,
+}
+
+/// What the server needs to answer requests.
+pub struct Admin {
+    health: Arc<Health>,
+    registry: Registry,
+    refresh: Box<dyn Fn() + Send + Sync>,
+}
+
+// === impl Health ===
+
+impl Health {
+    /// Marks every cache as synced.
+    pub fn set_caches_synced(&self) {
+        self.caches_synced.store(true, Ordering::SeqCst);
+    }
+
+    /// Marks the process as shutting down: it stops reporting ready.
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `/ready` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.caches_synced.load(Ordering::SeqCst) && !self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+// === impl Admin ===
+
+impl Admin {
+    /// `refresh` runs before each scrape, to copy values kept elsewhere into the registry.
+    pub fn new(
+        health: Arc<Health>,
+        registry: Registry,
+        refresh: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            health,
+            registry,
+            refresh: Box::new(refresh),
+        }
+    }
+
+    /// Binds `addr`, returning the bound address and the serving future (runs until `shutdown`).
+    pub async fn bind(
+        self,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<(SocketAddr, impl Future<Output = ()> + Send + 'static)> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let admin = Arc::new(self);
+        let serve = async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((stream, _)) = accepted else { continue };
+                let admin = admin.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let admin = admin.clone();
+                        async move { Ok::<_, Infallible>(admin.respond(&req)) }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    if let Err(error) = conn.await {
+                        tracing::debug!(%error, "admin connection ended with an error");
+                    }
+                });
+            }
+        };
+        Ok((local, serve))
+    }
+
+    fn respond<B>(&self, req: &Request<B>) -> Response<Full<Bytes>> {
+        if req.method() != Method::GET {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+        }
+        match req.uri().path() {
+            "/live" => text(StatusCode::OK, "live\n".into()),
+            "/ready" if self.health.is_ready() => text(StatusCode::OK, "ready\n".into()),
+            "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+            "/metrics" => {
+                (self.refresh)();
+                let mut body = String::new();
+                match prometheus_client::encoding::text::encode(&mut body, &self.registry) {
+                    Ok(()) => {
+                        let mut response = text(StatusCode::OK, body);
+                        response.headers_mut().insert(
+                            hyper::header::CONTENT_TYPE,
+                            hyper::header::HeaderValue::from_static(
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            ),
+                        );
+                        response
+                    }
+                    Err(error) => text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("encoding metrics failed: {error}\n"),
+                    ),
+                }
+            }
+            _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(admin: &Admin, path: &str) -> (StatusCode, String) {
+        let req = Request::get(path).body(()).unwrap();
+        let response = admin.respond(&req);
+        let status = response.status();
+        let body = futures_body(response);
+        (status, body)
+    }
+
+    fn futures_body(response: Response<Full<Bytes>>) -> String {
+        use http_body_util::BodyExt;
+        let collected = futures_lite_block_on(response.into_body().collect());
+        String::from_utf8(collected.unwrap().to_bytes().to_vec()).unwrap()
+    }
+
+    fn futures_lite_block_on<F: Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    #[test]
+    fn ready_follows_cache_sync_and_shutdown() {
+        let health = Arc::new(Health::default());
+        let admin = Admin::new(health.clone(), Registry::default(), || {});
+        assert_eq!(get(&admin, "/live").0, StatusCode::OK);
+        assert_eq!(get(&admin, "/ready").0, StatusCode::SERVICE_UNAVAILABLE);
+        health.set_caches_synced();
+        assert_eq!(get(&admin, "/ready").0, StatusCode::OK);
+        health.set_shutting_down();
+        assert_eq!(get(&admin, "/ready").0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(get(&admin, "/live").0, StatusCode::OK);
+    }
+
+    #[test]
+    fn metrics_are_refreshed_then_encoded() {
+        use prometheus_client::metrics::gauge::Gauge;
+        let mut registry = Registry::default();
+        let gauge = Gauge::<i64>::default();
+        registry.register("answer", "A test gauge", gauge.clone());
+        let admin = Admin::new(Arc::new(Health::default()), registry, move || {
+            gauge.set(42);
+        });
+        let (status, body) = get(&admin, "/metrics");
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("answer 42"), "{body}");
+        assert_eq!(get(&admin, "/nope").0, StatusCode::NOT_FOUND);
+    }
+}

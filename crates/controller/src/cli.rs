@@ -1,0 +1,220 @@
+//! Command line: every setting is a flag, most with an environment fallback.
+//!
+//! Invalid values are rejected here, before anything touches the cluster, with a one-line
+//! message and exit code 2 (clap's usage-error code).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Parser, ValueEnum, error::ErrorKind};
+
+/// Publishes EndpointSlices for Services that select ExternalWorkloads.
+///
+/// Runs as several replicas; the holder of a coordination.k8s.io Lease writes, the others keep
+/// warm caches and take over when the leader goes away.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "external-endpoints", version, about, long_about = None)]
+pub struct Args {
+    /// Path to a kubeconfig file; without it, KUBECONFIG, ~/.kube/config, then in-cluster config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context to use instead of the current one.
+    #[arg(long)]
+    pub context: Option<String>,
+
+    /// Identity recorded as the Lease holder; falls back to POD_NAME, then HOSTNAME.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Name of the Lease used for leader election.
+    #[arg(long, env = "LEASE_NAME", default_value = "external-endpoints-write")]
+    pub lease_name: String,
+
+    /// Namespace of the Lease (normally the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+
+    /// How long a Lease is valid for others after its last observed change.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// A leader that has not renewed for this long steps down (renewal grace period).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+
+    /// Interval between renewals (leader) and acquisition attempts (followers).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+
+    /// Number of Services reconciled concurrently.
+    #[arg(long, env = "WORKERS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+
+    /// Maximum endpoints in one EndpointSlice (1..=1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub max_endpoints_per_slice: u16,
+
+    /// Value of the endpointslice.kubernetes.io/managed-by label on the slices this controller owns.
+    #[arg(long, default_value = "linkerd-external-workloads-controller")]
+    pub managed_by: String,
+
+    /// Prefix of generated slice names (`<prefix><service>-xxxxx`).
+    #[arg(long, default_value = "linkerd-external-")]
+    pub slice_prefix: String,
+
+    /// Full resync of every Service while leading (a safety net, not the recovery path).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub resync_period: Duration,
+
+    /// On SIGTERM, how long to keep draining queued and in-flight work before releasing the Lease.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Address of the admin HTTP server (/live, /ready, /metrics).
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9990")]
+    pub admin_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing-subscriber's EnvFilter syntax (`info`, `cluster=debug,info`).
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings after cross-field validation.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Parsed flags.
+    pub args: Args,
+    /// Lease holder identity, resolved from the flag or the environment.
+    pub identity: String,
+}
+
+// === impl Args ===
+
+impl Args {
+    /// Parses the process arguments; exits with code 2 and a one-line message on invalid input.
+    pub fn parse_and_validate() -> Settings {
+        let args = Args::parse();
+        let hostname = std::env::var("HOSTNAME").ok();
+        match args.validate(hostname) {
+            Ok(settings) => settings,
+            Err(message) => {
+                let mut cmd = <Args as clap::CommandFactory>::command();
+                cmd.error(ErrorKind::ValueValidation, message).exit()
+            }
+        }
+    }
+
+    /// Checks the relations between flags and resolves the identity. `hostname` is the
+    /// `HOSTNAME` fallback, passed in so tests need not touch the process environment.
+    pub fn validate(self, hostname: Option<String>) -> Result<Settings, String> {
+        let non_empty = |id: String| Some(id.trim().to_string()).filter(|id| !id.is_empty());
+        let identity = (self.identity.clone().and_then(non_empty))
+            .or_else(|| hostname.and_then(non_empty))
+            .ok_or("no identity: pass --identity or set POD_NAME or HOSTNAME")?;
+        if self.renew_deadline >= self.lease_duration {
+            return Err(format!(
+                "--renew-deadline ({}) must be shorter than --lease-duration ({})",
+                humantime::format_duration(self.renew_deadline),
+                humantime::format_duration(self.lease_duration)
+            ));
+        }
+        if self.renew_deadline.as_secs_f64() <= 1.2 * self.retry_period.as_secs_f64() {
+            return Err(format!(
+                "--renew-deadline ({}) must be longer than 1.2 x --retry-period ({})",
+                humantime::format_duration(self.renew_deadline),
+                humantime::format_duration(self.retry_period)
+            ));
+        }
+        if self.retry_period.is_zero() || self.resync_period.is_zero() {
+            return Err("--retry-period and --resync-period must be greater than zero".into());
+        }
+        if self.managed_by.trim().is_empty() {
+            return Err("--managed-by must not be empty".into());
+        }
+        Ok(Settings {
+            args: self,
+            identity,
+        })
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{e} (expected a duration such as 15s, 500ms or 10m)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec!["external-endpoints"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv)
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let args = parse(&["--identity", "a"]).unwrap();
+        assert_eq!(args.lease_duration, Duration::from_secs(15));
+        assert_eq!(args.renew_deadline, Duration::from_secs(10));
+        assert_eq!(args.retry_period, Duration::from_secs(2));
+        assert_eq!(args.workers, 4);
+        assert_eq!(args.max_endpoints_per_slice, 100);
+        assert_eq!(args.managed_by, "linkerd-external-workloads-controller");
+        assert_eq!(args.slice_prefix, "linkerd-external-");
+        assert_eq!(args.resync_period, Duration::from_secs(600));
+        assert!(args.validate(None).is_ok());
+    }
+
+    #[test]
+    fn negative_duration_is_a_usage_error() {
+        let err = parse(&["--lease-duration", "-5s"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn max_endpoints_out_of_range_is_a_usage_error() {
+        for bad in ["0", "1001"] {
+            let err = parse(&["--max-endpoints-per-slice", bad]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad}");
+        }
+        assert!(parse(&["--max-endpoints-per-slice", "1000"]).is_ok());
+    }
+
+    #[test]
+    fn renew_deadline_must_be_shorter_than_lease_duration() {
+        let args = parse(&["--identity", "a", "--renew-deadline", "15s"]).unwrap();
+        let err = args.validate(None).unwrap_err();
+        assert!(err.contains("--renew-deadline"), "{err}");
+    }
+
+    #[test]
+    fn renew_deadline_must_exceed_retry_period_margin() {
+        let args = parse(&["--identity", "a", "--retry-period", "9s"]).unwrap();
+        assert!(args.validate(None).is_err());
+    }
+
+    #[test]
+    fn identity_falls_back_to_hostname() {
+        // An empty --identity counts as unset, whatever POD_NAME holds in the test environment.
+        let args = parse(&["--identity", ""]).unwrap();
+        let settings = args.clone().validate(Some("host-1".into())).unwrap();
+        assert_eq!(settings.identity, "host-1");
+        let err = args.validate(None).unwrap_err();
+        assert!(err.contains("no identity"), "{err}");
+    }
+}
