@@ -48,6 +48,10 @@ mkdir -p "$work"
 # One build at a time per cache folder.
 exec 9>"$out/.lock"
 flock 9
+if all_present; then # another run finished them while we waited for the lock
+  echo "$out"
+  exit 0
+fi
 start=$(date +%s)
 
 # Binaries are written to a temporary name then renamed, so an interrupted build never
@@ -160,9 +164,12 @@ EOM
     (cd "$dir" && go mod tidy)
   fi
   local commit minor
+  # The proxy may not record the commit (then /version shows an empty gitCommit).
   commit=$(module_field "k8s.io/kubernetes@$K8S_VERSION" Origin.Hash)
   minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-  local build_date; build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  # The release's publication time, not now: rebuilding gives the same binary.
+  local build_date
+  build_date=$(module_field "k8s.io/kubernetes@$K8S_VERSION" Time)
   local ld="-s -w" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"

@@ -32,6 +32,9 @@ pub struct Binaries {
     pub etcd: PathBuf,
     /// `kubectl`, when one was built next to the servers (or `TEST_ASSET_KUBECTL` names one).
     pub kubectl: Option<PathBuf>,
+    /// `kube-controller-manager`, when one was built next to the servers (`TESTBED_BUILD_KCM=1
+    /// testbed/build.sh`) or `TEST_ASSET_KUBE_CONTROLLER_MANAGER` names one.
+    pub kube_controller_manager: Option<PathBuf>,
 }
 
 // === impl Versions ===
@@ -109,15 +112,23 @@ impl Binaries {
 
         let kube_apiserver = find("TEST_ASSET_KUBE_APISERVER", "kube-apiserver")?;
         let etcd = find("TEST_ASSET_ETCD", "etcd")?;
-        let kubectl = find("TEST_ASSET_KUBECTL", "kubectl").ok().or_else(|| {
-            // kubectl is optional: also look beside kube-apiserver.
-            let beside = kube_apiserver.parent()?.join("kubectl");
-            is_executable(&beside).then_some(beside)
-        });
+        // Optional tools: also looked for beside kube-apiserver.
+        let optional = |env: &str, file: &str| {
+            find(env, file).ok().or_else(|| {
+                let beside = kube_apiserver.parent()?.join(file);
+                is_executable(&beside).then_some(beside)
+            })
+        };
+        let kubectl = optional("TEST_ASSET_KUBECTL", "kubectl");
+        let kube_controller_manager = optional(
+            "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+            "kube-controller-manager",
+        );
         Ok(Self {
             kube_apiserver,
             etcd,
             kubectl,
+            kube_controller_manager,
         })
     }
 }

@@ -16,8 +16,10 @@
 //!   (see `process.rs`);
 //! - every listener is on 127.0.0.1, on ports picked at start-up (port races are retried);
 //! - the admin identity is `system:masters`: RBAC never gets in a test's way;
-//! - there is no kube-controller-manager: no garbage collection and namespaces never finish
-//!   deleting, so tests each take a [`Testbed::fresh_namespace`] and never wait for cascades.
+//! - by default there is no kube-controller-manager: no garbage collection and namespaces
+//!   never finish deleting, so tests each take a [`Testbed::fresh_namespace`] and never wait
+//!   for cascades. [`Options::controller_manager`] (or `TESTBED_CONTROLLER_MANAGER=1`) adds
+//!   it, with upstream's EndpointSlice controller, as in a real cluster.
 //!
 //! Integration tests start with [`require!`], which skips (one line on stderr) when the
 //! binaries have not been built, except under `CI=true` where a missing binary fails the test:
@@ -63,6 +65,9 @@ const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(180);
 /// Variable overriding the start-up budget, in seconds.
 pub const START_TIMEOUT_ENV: &str = "TESTBED_START_TIMEOUT_SECS";
 
+/// Variable turning on [`Options::controller_manager`] by default.
+pub const CONTROLLER_MANAGER_ENV: &str = "TESTBED_CONTROLLER_MANAGER";
+
 /// Lines per server printed by [`LogGuard`].
 const GUARD_TAIL_LINES: usize = 60;
 
@@ -73,6 +78,10 @@ pub struct Options {
     pub crd_dirs: Vec<PathBuf>,
     /// Budget for the whole start-up, CRDs included.
     pub start_timeout: Duration,
+    /// Also run kube-controller-manager (garbage collection, namespace deletion, upstream's
+    /// EndpointSlice controller, service-account tokens). Default: the
+    /// `TESTBED_CONTROLLER_MANAGER` variable (`1`/`true`), else off.
+    pub controller_manager: bool,
 }
 
 /// A running etcd + kube-apiserver. Dropping it stops both and removes its folder.
@@ -85,7 +94,7 @@ pub struct Testbed {
     etcd_url: String,
     binaries: Binaries,
     logs: Vec<(&'static str, PathBuf)>,
-    /// In start order (etcd, kube-apiserver); stopped in reverse order, janitor last.
+    /// In start order (etcd, kube-apiserver, kube-controller-manager); stopped in reverse order, janitor last.
     servers: Vec<Supervised>,
     janitor: Option<Supervised>,
 }
@@ -138,9 +147,12 @@ impl Default for Options {
             .ok()
             .and_then(|secs| secs.trim().parse().ok())
             .map_or(DEFAULT_START_TIMEOUT, Duration::from_secs);
+        let controller_manager = std::env::var(CONTROLLER_MANAGER_ENV)
+            .is_ok_and(|value| matches!(value.trim(), "1" | "true" | "yes"));
         Self {
             crd_dirs: vec![default_crd_dir()],
             start_timeout,
+            controller_manager,
         }
     }
 }
@@ -192,6 +204,21 @@ impl Testbed {
         let started_at = std::time::Instant::now();
         let deadline = Deadline::after(options.start_timeout);
         let binaries = Binaries::discover()?;
+        let controller_manager = match (
+            &binaries.kube_controller_manager,
+            options.controller_manager,
+        ) {
+            (Some(path), true) => Some(path.clone()),
+            (None, true) => {
+                return Err(TestbedError::MissingBinaries {
+                    detail: "kube-controller-manager was asked for; build it with \
+                             `TESTBED_BUILD_KCM=1 bash testbed/build.sh`"
+                        .into(),
+                    cache: Versions::pinned().cache_dir(),
+                });
+            }
+            (_, false) => None,
+        };
         let crds = crds::read_crds(&options.crd_dirs)?;
 
         let dir = tempfile::Builder::new()
@@ -244,6 +271,22 @@ impl Testbed {
         }
         crds::install(&client, &crds, deadline).await?;
 
+        if let Some(binary) = controller_manager {
+            let manager = servers::start_controller_manager(
+                &binary,
+                &testbed.dir,
+                &testbed.kubeconfig,
+                &pki,
+                &client,
+                deadline,
+            )
+            .await?;
+            testbed
+                .logs
+                .push(("kube-controller-manager", manager.log().to_path_buf()));
+            testbed.servers.push(manager);
+        }
+
         let _ = writeln!(
             std::io::stderr(),
             "testbed: control plane ready in {:.1}s at {} (kubeconfig {}, {} CRDs)",
@@ -280,6 +323,13 @@ impl Testbed {
     /// The etcd client URL, `http://127.0.0.1:<port>`.
     pub fn etcd_url(&self) -> &str {
         &self.etcd_url
+    }
+
+    /// Whether kube-controller-manager runs (see [`Options::controller_manager`]).
+    pub fn has_controller_manager(&self) -> bool {
+        self.logs
+            .iter()
+            .any(|(server, _)| *server == "kube-controller-manager")
     }
 
     /// The binaries this control plane runs, and kubectl if one was found.

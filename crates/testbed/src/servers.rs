@@ -153,6 +153,45 @@ pub(crate) async fn wait_apiserver_ready(
     }
 }
 
+/// Starts kube-controller-manager with the admin kubeconfig and waits until its
+/// service-account controller has created `default/default` (proof that its controllers run).
+pub(crate) async fn start_controller_manager(
+    binary: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    pki: &Pki,
+    client: &Client,
+    deadline: Deadline,
+) -> Result<Supervised, TestbedError> {
+    let args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        // One instance: no Lease to win, no start-up delay.
+        "--leader-elect=false".to_string(),
+        // Serve nothing: no port to pick, nothing listening beyond the two servers.
+        "--secure-port=0".to_string(),
+        format!("--root-ca-file={}", pki.ca_cert.display()),
+        format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
+    ];
+    let log = dir.join("kube-controller-manager.log");
+    let mut manager = Supervised::spawn("kube-controller-manager", binary, &args, log)?;
+    let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(client.clone(), "default");
+    let ready = || async { matches!(accounts.get_opt("default").await, Ok(Some(_))) };
+    match wait_ready(&mut manager, deadline, ready).await {
+        Readiness::Ready => Ok(manager),
+        Readiness::Exited(status) => Err(startup_error(
+            "kube-controller-manager",
+            &manager,
+            format!("exited ({status})"),
+        )),
+        Readiness::TimedOut => Err(startup_error(
+            "kube-controller-manager",
+            &manager,
+            "no default ServiceAccount in time".into(),
+        )),
+    }
+}
+
 fn apiserver_args(dir: &Path, pki: &Pki, etcd_url: &str, port: u16) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
     vec![
