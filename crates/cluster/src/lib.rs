@@ -53,6 +53,8 @@ pub struct ControllerConfig {
     pub runtime: RuntimeConfig,
     /// How long a Service may wait on a cache that does not catch up with this term's writes.
     pub stale_limit: std::time::Duration,
+    /// Watch only this namespace; all namespaces when `None`.
+    pub namespace: Option<String>,
 }
 
 /// Why the controller stopped with an error.
@@ -192,13 +194,23 @@ impl<W: SliceApi> Controller<W> {
         Ok(result?)
     }
 
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.config.namespace {
+            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
     fn spawn_watches(
         &self,
         gate: &ServiceGate,
         synced: tokio::sync::mpsc::Sender<()>,
         stop: CancellationToken,
     ) {
-        let client = &self.client;
         let caches = &self.caches;
         let errors = |kind: &'static str| {
             self.metrics
@@ -215,7 +227,7 @@ impl<W: SliceApi> Controller<W> {
 
         let services_gate = gate.clone();
         tokio::spawn(watch::run(
-            Api::<Service>::all(client.clone()),
+            self.api::<Service>(),
             watcher::Config::default(),
             caches.services.clone(),
             move |change| {
@@ -229,7 +241,7 @@ impl<W: SliceApi> Controller<W> {
         let workloads_gate = gate.clone();
         let workload_caches = caches.clone();
         tokio::spawn(watch::run(
-            Api::<ExternalWorkload>::all(client.clone()),
+            self.api::<ExternalWorkload>(),
             watcher::Config::default(),
             caches.workloads.clone(),
             move |change| {
@@ -246,7 +258,7 @@ impl<W: SliceApi> Controller<W> {
         let config = self.config.slices.clone();
         let selector = format!("{MANAGED_BY_LABEL}={}", self.config.slices.managed_by);
         tokio::spawn(watch::run(
-            Api::<EndpointSlice>::all(client.clone()),
+            self.api::<EndpointSlice>(),
             watcher::Config::default().labels(&selector),
             caches.slices.clone(),
             move |change| {

@@ -22,6 +22,11 @@ pub struct Args {
     #[arg(long)]
     pub context: Option<String>,
 
+    /// Watch only this namespace (Services, ExternalWorkloads, EndpointSlices); all namespaces
+    /// when unset.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+
     /// Identity recorded as the Lease holder; falls back to POD_NAME, then HOSTNAME.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,

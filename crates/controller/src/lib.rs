@@ -84,6 +84,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
             queue: QueueConfig::default(),
         },
         stale_limit: Duration::from_secs(30),
+        namespace: args.watch_namespace.clone(),
     }
 }
 

@@ -1,5 +1,7 @@
 //! Log output: plain or JSON lines on stderr, filtered by `--log-level`.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::cli::LogFormat;
@@ -11,7 +13,11 @@ pub fn init(format: LogFormat, filter: &str) -> anyhow::Result<()> {
     let registry = tracing_subscriber::registry().with(filter);
     match format {
         LogFormat::Plain => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init()?,
         LogFormat::Json => registry
             .with(
