@@ -169,7 +169,7 @@ EOM
   minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   # The release's publication time, not now: rebuilding gives the same binary.
   local build_date
-  build_date=$(module_field "k8s.io/kubernetes@$K8S_VERSION" Time)
+  build_date=$(jq -r '.Time // empty' "$(module_field "k8s.io/kubernetes@$K8S_VERSION" Info)")
   local ld="-s -w" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
