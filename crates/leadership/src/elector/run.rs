@@ -1,6 +1,6 @@
 //! The elector's loop.
 
-use std::future::Future;
+use std::{future::Future, pin::pin};
 
 use futures::{StreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -30,6 +30,16 @@ pub(super) struct Candidate<S> {
     metrics: ElectorMetrics,
     observed: Option<Observed>,
     term: Option<Term>,
+    /// The resourceVersion of our last successful write.
+    written_version: Option<String>,
+    /// Whether the watch has delivered our last write (so later events are newer than it).
+    watch_caught_up: bool,
+}
+
+/// The watch of the lease; restarted at the next poll when it ends.
+struct Watch {
+    changes: BoxStream<'static, Result<Option<Lease>, StoreError>>,
+    open: bool,
 }
 
 /// What a watched change asks the loop to do.
@@ -37,7 +47,8 @@ enum Reaction {
     Nothing,
     /// The lease is free (released or deleted): try to take it now.
     AttemptNow,
-    /// While leading, the watch showed another holder: confirm with a read, step down if so.
+    /// While leading, the watch showed a record without us that may predate our last write:
+    /// confirm with a read, step down if so (or if the read fails).
     ConfirmHolder,
 }
 
@@ -47,6 +58,8 @@ enum StepDown {
     RenewDeadlinePassed,
     AnotherHolder,
     LeaseCleared,
+    /// A record without us was seen (409 or watch) and could not be re-read.
+    Unconfirmed,
     Released,
 }
 
@@ -69,6 +82,8 @@ impl<S: LeaseStore> Candidate<S> {
             metrics,
             observed: None,
             term: None,
+            written_version: None,
+            watch_caught_up: false,
         }
     }
 
@@ -76,8 +91,10 @@ impl<S: LeaseStore> Candidate<S> {
     pub(super) async fn run(mut self, stop: CancellationToken) -> Result<(), ElectorError> {
         info!("competing for the lease");
 
-        let mut changes: BoxStream<'static, _> = self.store.changes();
-        let mut watching = true;
+        let mut watch = Watch {
+            changes: self.store.changes(),
+            open: true,
+        };
         let mut next_attempt = Instant::now();
         loop {
             let step_down_at = self.step_down_at();
@@ -89,37 +106,88 @@ impl<S: LeaseStore> Candidate<S> {
                 }
                 () = sleep_until(next_attempt) => {
                     let started = Instant::now();
-                    self.bounded(&stop, started, |me| me.attempt(started)).await;
+                    let seen = self.attempt_watching(&stop, &mut watch, started).await;
                     next_attempt = self.next_attempt_after(started);
-                    if !watching {
-                        changes = self.store.changes();
-                        watching = true;
+                    if let Some(lease) = seen {
+                        self.on_change(lease, &stop, &mut next_attempt).await;
+                    }
+                    if !watch.open {
+                        watch = Watch { changes: self.store.changes(), open: true };
                     }
                 }
-                change = changes.next(), if watching => match change {
-                    Some(Ok(lease)) => match self.on_change(lease, Instant::now()) {
-                        Reaction::Nothing => {}
-                        Reaction::AttemptNow => next_attempt = Instant::now(),
-                        Reaction::ConfirmHolder => {
-                            let started = Instant::now();
-                            self.bounded(&stop, started, |me| me.confirm_holder()).await;
-                        }
-                    },
-                    Some(Err(error)) => debug!(%error, "lease watch failed; polling continues"),
-                    None => {
-                        debug!("lease watch ended; restarting it at the next poll");
-                        watching = false;
+                change = watch.next(), if watch.open => {
+                    if let Some(lease) = change {
+                        self.on_change(lease, &stop, &mut next_attempt).await;
                     }
-                },
+                }
             }
         }
         self.release().await;
         Ok(())
     }
 
+    /// Runs an attempt while still following the watch: a leader that sees a record without it
+    /// must not wait for a slow (or hanging) request to finish before it stops acting, so such an
+    /// event abandons the attempt. Returns the last change seen meanwhile, to be handled next.
+    async fn attempt_watching(
+        &mut self,
+        stop: &CancellationToken,
+        watch: &mut Watch,
+        started: Instant,
+    ) -> Option<Option<Lease>> {
+        let leading = self.term.is_some();
+        let identity = self.config.identity.clone();
+        let mut seen = None;
+        let attempt = self.bounded(stop, started, |me| me.attempt(started));
+        let mut attempt = pin!(attempt);
+        loop {
+            tokio::select! {
+                _ = &mut attempt => return seen,
+                change = watch.next(), if watch.open => {
+                    let Some(lease) = change else { continue };
+                    let names_us = lease.as_ref().and_then(record::holder) == Some(identity.as_str());
+                    seen = Some(lease);
+                    if leading && !names_us {
+                        debug!("lease changed away from us during a request; abandoning it");
+                        return seen;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles a watched change: take a free lease now; while leading, step down on a record
+    /// without us (at once if it is newer than our last write, after a confirming read if not).
+    async fn on_change(
+        &mut self,
+        lease: Option<Lease>,
+        stop: &CancellationToken,
+        next_attempt: &mut Instant,
+    ) {
+        match self.react(lease, Instant::now()) {
+            Reaction::Nothing => {}
+            Reaction::AttemptNow => *next_attempt = Instant::now(),
+            Reaction::ConfirmHolder => {
+                let started = Instant::now();
+                let confirmed = self.bounded(stop, started, |me| me.confirm_holder()).await;
+                if !confirmed {
+                    // The API server showed a record without us and cannot be asked whether
+                    // that is still so: assume it is.
+                    self.step_down(StepDown::Unconfirmed);
+                }
+            }
+        }
+    }
+
     /// Runs one attempt, bounded by RetryPeriod and, while leading, by the step-down deadline, so
-    /// that a hanging API call neither delays the step-down nor the next attempt.
-    async fn bounded<'a, F, Fut>(&'a mut self, stop: &CancellationToken, started: Instant, f: F)
+    /// that a hanging API call neither delays the step-down nor the next attempt. Returns whether
+    /// the attempt ran to its end.
+    async fn bounded<'a, F, Fut>(
+        &'a mut self,
+        stop: &CancellationToken,
+        started: Instant,
+        f: F,
+    ) -> bool
     where
         F: FnOnce(&'a mut Self) -> Fut,
         Fut: Future<Output = ()> + 'a,
@@ -129,11 +197,12 @@ impl<S: LeaseStore> Candidate<S> {
             until = until.min(deadline);
         }
         tokio::select! {
-            () = stop.cancelled() => {}
+            () = stop.cancelled() => false,
             result = timeout_at(until, f(self)) => {
                 if result.is_err() {
                     debug!("lease request timed out");
                 }
+                result.is_ok()
             }
         }
     }
@@ -174,25 +243,38 @@ impl<S: LeaseStore> Candidate<S> {
                 self.observe(current, Instant::now());
                 self.step_down_unless_named();
             }
-            Err(error) => self.failed(&error),
+            Err(error) => {
+                // Someone else wrote the lease (a 409, or a watched record without us) and we
+                // cannot read what they wrote: the grace for unreachable APIs does not apply to a
+                // possible definite loss, so stop acting.
+                self.failed(&error);
+                self.step_down(StepDown::Unconfirmed);
+            }
         }
     }
 
-    fn on_change(&mut self, lease: Option<Lease>, now: Instant) -> Reaction {
+    fn react(&mut self, lease: Option<Lease>, now: Instant) -> Reaction {
+        let version = lease
+            .as_ref()
+            .and_then(|lease| lease.metadata.resource_version.clone());
+        if version.is_some() && version == self.written_version {
+            // Watch events arrive in order: every later event is newer than our last write.
+            self.watch_caught_up = true;
+        }
         self.observe(lease, now);
-        let Some(observed) = &self.observed else {
-            // Deleted: whoever creates it first wins.
-            return if self.term.is_some() {
-                Reaction::ConfirmHolder
-            } else {
-                Reaction::AttemptNow
-            };
-        };
-        match (observed.holder(), self.term.is_some()) {
-            (None, false) => Reaction::AttemptNow,
-            (None, true) => Reaction::ConfirmHolder,
-            (Some(holder), true) if holder != self.config.identity => Reaction::ConfirmHolder,
-            _ => Reaction::Nothing,
+        let leading = self.term.is_some();
+        let holder = self.observed.as_ref().and_then(Observed::holder);
+        let named = holder == Some(self.config.identity.as_str());
+        match (leading, holder, named) {
+            (false, None, _) => Reaction::AttemptNow,
+            (false, Some(_), _) | (true, _, true) => Reaction::Nothing,
+            // A record without us, newer than our last write: the lease is lost.
+            (true, _, false) if self.watch_caught_up => {
+                self.step_down_unless_named();
+                Reaction::Nothing
+            }
+            // Maybe an event from before our last write: ask the API server.
+            (true, _, false) => Reaction::ConfirmHolder,
         }
     }
 
@@ -230,6 +312,8 @@ impl<S: LeaseStore> Candidate<S> {
     /// A write of ours succeeded: `sent_at` (taken before the request) starts a new term or
     /// extends the current one.
     fn renewed(&mut self, lease: Lease, sent_at: Instant) {
+        self.written_version = lease.metadata.resource_version.clone();
+        self.watch_caught_up = false;
         self.observe(Some(lease), Instant::now());
         match &self.term {
             Some(term) => {
@@ -326,6 +410,26 @@ impl<S: LeaseStore> Candidate<S> {
             }
         }
         Err(StoreError::Conflict)
+    }
+}
+
+// === impl Watch ===
+
+impl Watch {
+    /// The next change; `None` for an error (logged) or the end of the stream (then closed).
+    async fn next(&mut self) -> Option<Option<Lease>> {
+        match self.changes.next().await {
+            Some(Ok(lease)) => Some(lease),
+            Some(Err(error)) => {
+                debug!(%error, "lease watch failed; polling continues");
+                None
+            }
+            None => {
+                debug!("lease watch ended; restarting it at the next poll");
+                self.open = false;
+                None
+            }
+        }
     }
 }
 

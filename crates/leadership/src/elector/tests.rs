@@ -382,3 +382,69 @@ async fn leader_whose_holder_is_cleared_by_someone_else_ends_its_term_at_once() 
         .expect("term");
     assert!(second.id() > first.id());
 }
+
+/// A tiny deterministic generator, so that fault schedules are reproducible by seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_candidates_with_random_faults_never_both_lead() {
+    for seed in 1..=25u64 {
+        let store = MemoryLeaseStore::new();
+        let connections: Vec<_> = (0..3).map(|_| store.connect()).collect();
+        let names = ["a", "b", "c"];
+        let handles: Vec<_> = connections
+            .iter()
+            .zip(names)
+            .map(|(connection, name)| candidate(connection, name))
+            .collect();
+        let mut random = Lcg(seed);
+        let mut led = [false; 3];
+        for _ in 0..2400 {
+            let who = usize::try_from(random.below(3)).expect("small");
+            match random.below(40) {
+                0 => connections[who].hang(true),
+                1 | 2 => connections[who].hang(false),
+                3 => connections[who].fail_next(usize::try_from(random.below(4)).expect("small")),
+                4 if random.below(4) == 0 => {
+                    // Someone clears the holder (or, below, deletes the lease) by hand.
+                    if let Some(mut lease) = store.current() {
+                        lease.spec.as_mut().expect("spec").holder_identity = None;
+                        store.put(Some(lease));
+                    }
+                }
+                5 if random.below(8) == 0 => {
+                    store.put(None);
+                }
+                _ => {}
+            }
+            sleep(Duration::from_millis(50)).await;
+            let leaders: Vec<_> = (0..3).filter(|i| current(&handles[*i]).is_some()).collect();
+            assert!(leaders.len() <= 1, "seed {seed}: {leaders:?} lead at once");
+            for &i in &leaders {
+                led[i] = true;
+                assert_eq!(
+                    spec(&store).holder_identity.as_deref(),
+                    Some(names[i]),
+                    "seed {seed}"
+                );
+            }
+        }
+        assert!(
+            led.iter().filter(|l| **l).count() >= 2,
+            "seed {seed}: leadership moved: {led:?}"
+        );
+        for connection in &connections {
+            connection.hang(false);
+        }
+    }
+}
