@@ -208,3 +208,65 @@ pub(crate) fn tail(path: &Path, lines: usize) -> String {
         Err(error) => format!("(cannot read {}: {error})", path.display()),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Polls `exited` for up to 10 s (the supervisor needs a moment to notice).
+    fn wait_exit(process: &mut Supervised) -> Option<ExitStatus> {
+        for _ in 0..200 {
+            if let Some(status) = process.exited() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+
+    #[test]
+    fn closing_the_lifeline_stops_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ["1000".to_string()];
+        let mut sleeper =
+            Supervised::spawn("sleep", Path::new("sleep"), &args, dir.path().join("log")).unwrap();
+        assert!(sleeper.exited().is_none(), "still running");
+        drop(sleeper.lifeline.take());
+        let status = wait_exit(&mut sleeper).expect("supervisor exits once the lifeline closes");
+        assert!(!status.success(), "the server was killed: {status}");
+    }
+
+    #[test]
+    fn a_server_exiting_on_its_own_is_reported_with_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = [
+            "-c".to_string(),
+            "echo listen: address already in use; exit 3".to_string(),
+        ];
+        let log = dir.path().join("log");
+        let mut server = Supervised::spawn("sh", Path::new("sh"), &args, log.clone()).unwrap();
+        let status = wait_exit(&mut server).unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert!(lost_port_race(&log));
+        assert_eq!(server.log_tail(1), "listen: address already in use");
+    }
+
+    #[test]
+    fn the_janitor_removes_the_folder_when_stopped() {
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("file"), "x").unwrap();
+        let mut janitor = Supervised::janitor(&dir).unwrap();
+        janitor.stop();
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, "1\n2\n3\n").unwrap();
+        assert_eq!(tail(&path, 2), "2\n3");
+        assert!(tail(&dir.path().join("missing"), 2).contains("cannot read"));
+    }
+}
