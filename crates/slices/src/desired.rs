@@ -1,5 +1,6 @@
 //! What the slices of one Service should hold: endpoints grouped by family and port list.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -30,16 +31,34 @@ pub(crate) struct GroupKey {
     pub(crate) ports: Vec<PortKey>,
 }
 
-/// Desired endpoints of one group, by workload name.
-pub(crate) type GroupEndpoints = BTreeMap<String, Endpoint>;
-
 /// Everything the Service's slices should hold, plus what had to be left out.
+///
+/// Endpoints are kept as [`Wanted`] views borrowing from the workloads: a no-op pass compares
+/// them with the cached endpoints and allocates nothing per endpoint (design.md section 10).
 #[derive(Debug, Default)]
-pub(crate) struct Desired {
+pub(crate) struct Desired<'a> {
     pub(crate) families: BTreeSet<Family>,
-    pub(crate) groups: BTreeMap<GroupKey, GroupEndpoints>,
+    /// Per group, sorted by workload name (one endpoint per workload).
+    pub(crate) groups: BTreeMap<GroupKey, Vec<Wanted<'a>>>,
     pub(crate) diagnostics: Vec<Diagnostic>,
 }
+
+/// One desired endpoint, borrowed from its workload; [`Wanted::to_endpoint`] makes it a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Wanted<'a> {
+    pub(crate) name: &'a str,
+    namespace: Option<&'a str>,
+    uid: Option<&'a str>,
+    addresses: Vec<Cow<'a, str>>,
+    zone: Option<&'a str>,
+    hostname: Option<&'a str>,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+}
+
+/// A resolved port borrowing the Service port's name and protocol.
+type PortRef<'a> = (&'a str, i32, &'a str);
 
 /// The kind written in endpoint target references.
 pub(crate) const WORKLOAD_KIND: &str = "ExternalWorkload";
@@ -61,13 +80,6 @@ impl Family {
             "IPv4" => Some(Family::V4),
             "IPv6" => Some(Family::V6),
             _ => None,
-        }
-    }
-
-    fn of(ip: &IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(_) => Family::V4,
-            IpAddr::V6(_) => Family::V6,
         }
     }
 }
@@ -119,7 +131,7 @@ pub(crate) fn service_families(service: &Service) -> BTreeSet<Family> {
 }
 
 /// Computes the desired endpoints of `service` from the workloads it selects.
-pub(crate) fn desired(service: &Service, workloads: &[&ExternalWorkload]) -> Desired {
+pub(crate) fn desired<'a>(service: &'a Service, workloads: &[&'a ExternalWorkload]) -> Desired<'a> {
     let families = service_families(service);
     let headless = is_headless(service);
     let publish_not_ready = service
@@ -141,47 +153,61 @@ pub(crate) fn desired(service: &Service, workloads: &[&ExternalWorkload]) -> Des
         .collect();
     selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
-    let mut out = Desired {
-        families: families.clone(),
-        ..Desired::default()
-    };
+    // Distinct resolved port lists (few per Service), and endpoints per (family, list).
+    let mut port_lists: Vec<Vec<PortRef<'a>>> = Vec::new();
+    let mut buckets: BTreeMap<(Family, usize), Vec<Wanted<'a>>> = BTreeMap::new();
+    let mut diagnostics = Vec::new();
+    let mut ports = Vec::with_capacity(service_ports.len());
     for workload in selected {
-        let name = workload.metadata.name.clone().unwrap_or_default();
+        let name = workload.metadata.name.as_deref().unwrap_or_default();
         let mut problems = Vec::new();
         let addresses = addresses_by_family(workload, &mut problems);
-        if addresses.is_empty() {
-            report(&mut out.diagnostics, &name, problems);
+        if addresses.iter().all(|(_, a)| a.is_empty()) {
+            report(&mut diagnostics, name, problems);
             continue;
         }
-        let ports = resolve_ports(service_ports, workload, &mut problems);
-        let hostname = if headless {
-            if is_dns_label(&name) {
-                Some(name.clone())
-            } else {
-                problems.push(Problem::InvalidHostname {
-                    value: name.clone(),
-                });
-                None
+        ports.clear();
+        resolve_ports(service_ports, workload, &mut ports, &mut problems);
+        let list = match port_lists.iter().position(|l| *l == ports) {
+            Some(index) => index,
+            None => {
+                port_lists.push(ports.clone());
+                port_lists.len() - 1
             }
+        };
+        let hostname = if !headless {
+            None
+        } else if is_dns_label(name) {
+            Some(name)
         } else {
+            problems.push(Problem::InvalidHostname {
+                value: name.to_owned(),
+            });
             None
         };
         for (family, addresses) in addresses {
-            if !families.contains(&family) {
+            if addresses.is_empty() || !families.contains(&family) {
                 continue;
             }
-            let endpoint = endpoint(workload, addresses, hostname.clone(), publish_not_ready);
-            out.groups
-                .entry(GroupKey {
-                    family,
-                    ports: ports.clone(),
-                })
-                .or_default()
-                .insert(name.clone(), endpoint);
+            let wanted = wanted(workload, addresses, hostname, publish_not_ready);
+            buckets.entry((family, list)).or_default().push(wanted);
         }
-        report(&mut out.diagnostics, &name, problems);
+        report(&mut diagnostics, name, problems);
     }
-    out
+
+    let mut groups = BTreeMap::new();
+    for ((family, list), endpoints) in buckets {
+        let ports = port_lists[list]
+            .iter()
+            .map(|(name, port, protocol)| ((*name).to_owned(), *port, (*protocol).to_owned()))
+            .collect();
+        groups.insert(GroupKey { family, ports }, endpoints);
+    }
+    Desired {
+        families,
+        groups,
+        diagnostics,
+    }
 }
 
 fn report(diagnostics: &mut Vec<Diagnostic>, workload: &str, problems: Vec<Problem>) {
@@ -191,19 +217,31 @@ fn report(diagnostics: &mut Vec<Diagnostic>, workload: &str, problems: Vec<Probl
     }));
 }
 
-/// The workload's addresses in canonical text, by family; non-IPs are reported and skipped.
-fn addresses_by_family(
-    workload: &ExternalWorkload,
+/// The workload's addresses in canonical text, by family (IPv4 then IPv6); non-IPs are
+/// reported and skipped.
+fn addresses_by_family<'a>(
+    workload: &'a ExternalWorkload,
     problems: &mut Vec<Problem>,
-) -> BTreeMap<Family, Vec<String>> {
-    let mut by_family: BTreeMap<Family, Vec<String>> = BTreeMap::new();
+) -> [(Family, Vec<Cow<'a, str>>); 2] {
+    let mut v4: Vec<Cow<'a, str>> = Vec::new();
+    let mut v6: Vec<Cow<'a, str>> = Vec::new();
     for entry in &workload.spec.workload_ips {
         match entry.ip.parse::<IpAddr>() {
-            Ok(ip) => {
-                let list = by_family.entry(Family::of(&ip)).or_default();
+            // The parser takes only dotted quads without leading zeros: the text is canonical.
+            Ok(IpAddr::V4(_)) => {
+                if !v4.iter().any(|a| *a == entry.ip) {
+                    v4.push(Cow::Borrowed(entry.ip.as_str()));
+                }
+            }
+            Ok(ip @ IpAddr::V6(_)) => {
                 let text = ip.to_string();
-                if !list.contains(&text) {
-                    list.push(text);
+                let text = if text == entry.ip {
+                    Cow::Borrowed(entry.ip.as_str())
+                } else {
+                    Cow::Owned(text)
+                };
+                if !v6.contains(&text) {
+                    v6.push(text);
                 }
             }
             Err(_) => problems.push(Problem::InvalidIp {
@@ -211,16 +249,17 @@ fn addresses_by_family(
             }),
         }
     }
-    by_family
+    [(Family::V4, v4), (Family::V6, v6)]
 }
 
-/// Resolves each Service port for this workload (sorted); unresolvable ones are reported.
-fn resolve_ports(
-    service_ports: &[ServicePort],
+/// Resolves each Service port for this workload into `resolved` (sorted); unresolvable ones
+/// are reported.
+fn resolve_ports<'a>(
+    service_ports: &'a [ServicePort],
     workload: &ExternalWorkload,
+    resolved: &mut Vec<PortRef<'a>>,
     problems: &mut Vec<Problem>,
-) -> Vec<PortKey> {
-    let mut resolved = Vec::with_capacity(service_ports.len());
+) {
     for service_port in service_ports {
         let protocol = service_port.protocol.as_deref().unwrap_or("TCP");
         let number = match &service_port.target_port {
@@ -251,40 +290,88 @@ fn resolve_ports(
             }
         };
         resolved.push((
-            service_port.name.clone().unwrap_or_default(),
+            service_port.name.as_deref().unwrap_or_default(),
             number,
-            protocol.to_owned(),
+            protocol,
         ));
     }
-    resolved.sort();
-    resolved
+    resolved.sort_unstable();
 }
 
-fn endpoint(
-    workload: &ExternalWorkload,
-    addresses: Vec<String>,
-    hostname: Option<String>,
+fn wanted<'a>(
+    workload: &'a ExternalWorkload,
+    addresses: Vec<Cow<'a, str>>,
+    hostname: Option<&'a str>,
     publish_not_ready: bool,
-) -> Endpoint {
+) -> Wanted<'a> {
     let serving = workload.is_ready();
     let terminating = workload.metadata.deletion_timestamp.is_some();
-    Endpoint {
+    Wanted {
+        name: workload.metadata.name.as_deref().unwrap_or_default(),
+        namespace: workload.metadata.namespace.as_deref(),
+        uid: workload.metadata.uid.as_deref(),
         addresses,
-        conditions: Some(EndpointConditions {
-            ready: Some(publish_not_ready || (serving && !terminating)),
-            serving: Some(serving),
-            terminating: Some(terminating),
-        }),
+        zone: workload.zone(),
         hostname,
-        target_ref: Some(ObjectReference {
-            kind: Some(WORKLOAD_KIND.to_owned()),
-            namespace: workload.metadata.namespace.clone(),
-            name: workload.metadata.name.clone(),
-            uid: workload.metadata.uid.clone(),
-            ..ObjectReference::default()
-        }),
-        zone: workload.zone().map(str::to_owned),
-        ..Endpoint::default()
+        ready: publish_not_ready || (serving && !terminating),
+        serving,
+        terminating,
+    }
+}
+
+// === impl Wanted ===
+
+impl Wanted<'_> {
+    /// The endpoint as written to the API.
+    pub(crate) fn to_endpoint(&self) -> Endpoint {
+        Endpoint {
+            addresses: self.addresses.iter().map(|a| a.to_string()).collect(),
+            conditions: Some(self.conditions()),
+            hostname: self.hostname.map(str::to_owned),
+            target_ref: Some(ObjectReference {
+                kind: Some(WORKLOAD_KIND.to_owned()),
+                namespace: self.namespace.map(str::to_owned),
+                name: Some(self.name.to_owned()),
+                uid: self.uid.map(str::to_owned),
+                ..ObjectReference::default()
+            }),
+            zone: self.zone.map(str::to_owned),
+            ..Endpoint::default()
+        }
+    }
+
+    /// Whether `endpoint` equals [`Wanted::to_endpoint`], checked without building it.
+    pub(crate) fn matches(&self, endpoint: &Endpoint) -> bool {
+        let Some(target) = endpoint.target_ref.as_ref() else {
+            return false;
+        };
+        endpoint.addresses.len() == self.addresses.len()
+            && endpoint
+                .addresses
+                .iter()
+                .zip(&self.addresses)
+                .all(|(a, b)| a == b)
+            && endpoint.conditions.as_ref() == Some(&self.conditions())
+            && endpoint.hostname.as_deref() == self.hostname
+            && endpoint.zone.as_deref() == self.zone
+            && endpoint.node_name.is_none()
+            && endpoint.hints.is_none()
+            && endpoint.deprecated_topology.is_none()
+            && target.kind.as_deref() == Some(WORKLOAD_KIND)
+            && target.namespace.as_deref() == self.namespace
+            && target.name.as_deref() == Some(self.name)
+            && target.uid.as_deref() == self.uid
+            && target.api_version.is_none()
+            && target.field_path.is_none()
+            && target.resource_version.is_none()
+    }
+
+    fn conditions(&self) -> EndpointConditions {
+        EndpointConditions {
+            ready: Some(self.ready),
+            serving: Some(self.serving),
+            terminating: Some(self.terminating),
+        }
     }
 }
 

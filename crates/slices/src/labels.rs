@@ -108,3 +108,31 @@ pub(crate) fn is_managed(slice: &EndpointSlice, config: &Config) -> bool {
 pub(crate) fn label<'a>(slice: &'a EndpointSlice, key: &str) -> Option<&'a str> {
     slice.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
+
+/// Whether `actual` is exactly [`slice_labels`], checked without building it (no-op passes
+/// compare every slice's labels; see design.md section 10).
+pub(crate) fn labels_match(
+    actual: Option<&BTreeMap<String, String>>,
+    service: &Service,
+    config: &Config,
+) -> bool {
+    let Some(actual) = actual else {
+        return false;
+    };
+    let name = service.metadata.name.as_deref().unwrap_or_default();
+    let headless = is_headless(service);
+    let mut expected = 2 + usize::from(headless);
+    for (key, value) in service.metadata.labels.iter().flatten() {
+        if RESERVED_LABELS.contains(&key.as_str()) {
+            continue;
+        }
+        expected += 1;
+        if actual.get(key) != Some(value) {
+            return false;
+        }
+    }
+    actual.len() == expected
+        && actual.get(SERVICE_NAME_LABEL).map(String::as_str) == Some(name)
+        && actual.get(MANAGED_BY_LABEL) == Some(&config.managed_by)
+        && (!headless || actual.get(HEADLESS_LABEL).map(String::as_str) == Some(""))
+}

@@ -1,21 +1,25 @@
 //! Packing endpoints of one group into slices with as few writes as possible (design.md
 //! section 4, steps 1 to 3; steps 4 and 5 are in `plan`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::desired::{GroupEndpoints, GroupKey, WORKLOAD_KIND, endpoint_ports};
-use crate::labels::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
+use crate::Config;
+use crate::desired::{GroupKey, WORKLOAD_KIND, Wanted, endpoint_ports};
+use crate::labels::{
+    LAST_CHANGE_TRIGGER_TIME_ANNOTATION, labels_match, owner_reference, slice_labels,
+};
 
-/// What every slice of the Service shares.
-pub(crate) struct SliceContext {
-    pub(crate) namespace: String,
-    pub(crate) generate_name: String,
-    pub(crate) labels: BTreeMap<String, String>,
-    pub(crate) owner: OwnerReference,
-    pub(crate) trigger_time: String,
+/// What every slice of the Service shares. Values are built only for slices being written, so
+/// a no-op pass allocates little.
+pub(crate) struct SliceContext<'a> {
+    pub(crate) service: &'a Service,
+    pub(crate) config: &'a Config,
+    pub(crate) namespace: &'a str,
+    pub(crate) trigger_time: &'a Time,
     pub(crate) max: usize,
 }
 
@@ -27,14 +31,29 @@ pub(crate) struct Packed {
     pub(crate) deletes: Vec<EndpointSlice>,
 }
 
-/// An existing slice and the endpoints it will hold.
-struct Kept<'a> {
-    base: &'a EndpointSlice,
-    endpoints: Vec<Endpoint>,
+/// An existing slice and the desired endpoints (indices into the group) it will hold.
+struct Kept<'s> {
+    base: &'s EndpointSlice,
+    endpoints: Vec<usize>,
+}
+
+// === impl SliceContext ===
+
+impl SliceContext<'_> {
+    fn labels_match(&self, slice: &EndpointSlice) -> bool {
+        labels_match(slice.metadata.labels.as_ref(), self.service, self.config)
+    }
+
+    fn trigger_annotation(&self) -> (String, String) {
+        (
+            LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_owned(),
+            self.trigger_time.0.to_string(),
+        )
+    }
 }
 
 /// The workload an endpoint of our slice stands for, if it is one of ours.
-pub(crate) fn endpoint_key<'a>(endpoint: &'a Endpoint, namespace: &str) -> Option<&'a str> {
+pub(crate) fn endpoint_key<'e>(endpoint: &'e Endpoint, namespace: &str) -> Option<&'e str> {
     let target = endpoint.target_ref.as_ref()?;
     if target.kind.as_deref() != Some(WORKLOAD_KIND)
         || target.namespace.as_deref().unwrap_or_default() != namespace
@@ -44,46 +63,60 @@ pub(crate) fn endpoint_key<'a>(endpoint: &'a Endpoint, namespace: &str) -> Optio
     target.name.as_deref()
 }
 
-/// Packs `desired` into `existing` (same group, sorted by name) and new slices.
+/// Packs `wanted` (sorted by workload name) into `existing` (same group, sorted by name) and
+/// new slices.
 pub(crate) fn pack(
     group: &GroupKey,
-    mut desired: GroupEndpoints,
+    wanted: &[Wanted<'_>],
     existing: &[&EndpointSlice],
-    ctx: &SliceContext,
+    ctx: &SliceContext<'_>,
 ) -> Packed {
     let mut packed = Packed::default();
+    let mut taken = vec![false; wanted.len()];
     let mut updated: Vec<Kept<'_>> = Vec::new();
     let mut unchanged: Vec<Kept<'_>> = Vec::new();
 
     // Step 1: keep what is still desired, in its desired version.
     for slice in existing {
-        let mut endpoints = Vec::new();
-        for endpoint in slice.endpoints.iter().flatten() {
-            let wanted = endpoint_key(endpoint, &ctx.namespace).and_then(|k| desired.remove(k));
-            endpoints.extend(wanted);
-        }
-        // A slice over the maximum (the flag was lowered) gives its excess back.
-        for extra in endpoints.split_off(endpoints.len().min(ctx.max)) {
-            if let Some(key) = endpoint_key(&extra, &ctx.namespace) {
-                desired.insert(key.to_owned(), extra.clone());
+        let current = slice.endpoints.as_deref().unwrap_or_default();
+        let mut kept = Vec::with_capacity(current.len());
+        let mut changed = false;
+        for endpoint in current {
+            let index = endpoint_key(endpoint, ctx.namespace)
+                .and_then(|key| wanted.binary_search_by(|w| w.name.cmp(key)).ok())
+                .filter(|&i| !taken[i]);
+            match index {
+                Some(i) => {
+                    taken[i] = true;
+                    changed |= !wanted[i].matches(endpoint);
+                    kept.push(i);
+                }
+                // Gone, a duplicate, or not ours: it leaves the slice.
+                None => changed = true,
             }
         }
-        if endpoints.is_empty() {
+        // A slice over the maximum (the flag was lowered) gives its excess back.
+        if kept.len() > ctx.max {
+            for i in kept.drain(ctx.max..) {
+                taken[i] = false;
+            }
+            changed = true;
+        }
+        if kept.is_empty() {
             packed.deletes.push((*slice).clone());
             continue;
         }
-        let endpoints_changed = slice.endpoints.as_deref().unwrap_or_default() != endpoints;
-        let labels_changed = slice.metadata.labels.as_ref() != Some(&ctx.labels);
         let kept = Kept {
             base: slice,
-            endpoints,
+            endpoints: kept,
         };
-        if endpoints_changed || labels_changed {
+        if changed || !ctx.labels_match(slice) {
             updated.push(kept);
         } else {
             unchanged.push(kept);
         }
     }
+    let mut remaining: VecDeque<usize> = (0..wanted.len()).filter(|&i| !taken[i]).collect();
 
     // Step 2: top up slices already being written, fullest first.
     updated.sort_by(|a, b| {
@@ -94,20 +127,20 @@ pub(crate) fn pack(
     });
     for kept in &mut updated {
         while kept.endpoints.len() < ctx.max {
-            let Some((_, endpoint)) = desired.pop_first() else {
+            let Some(i) = remaining.pop_front() else {
                 break;
             };
-            kept.endpoints.push(endpoint);
+            kept.endpoints.push(i);
         }
     }
 
     // Step 3: the rest go into the unchanged slice that ends closest to full, or new slices.
-    if !desired.is_empty() {
-        let fits = desired.len() < ctx.max;
+    if !remaining.is_empty() {
+        let fits = remaining.len() < ctx.max;
         let target = unchanged
             .iter()
             .enumerate()
-            .filter(|(_, k)| fits && k.endpoints.len() + desired.len() <= ctx.max)
+            .filter(|(_, k)| fits && k.endpoints.len() + remaining.len() <= ctx.max)
             .max_by(|(_, a), (_, b)| {
                 a.endpoints
                     .len()
@@ -117,20 +150,27 @@ pub(crate) fn pack(
             .map(|(index, _)| index);
         if let Some(index) = target {
             let mut kept = unchanged.swap_remove(index);
-            kept.endpoints
-                .extend(std::mem::take(&mut desired).into_values());
+            kept.endpoints.extend(remaining.drain(..));
             updated.push(kept);
         } else {
-            let rest: Vec<Endpoint> = std::mem::take(&mut desired).into_values().collect();
+            let rest: Vec<usize> = remaining.drain(..).collect();
             for chunk in rest.chunks(ctx.max) {
-                packed.creates.push(new_slice(group, chunk.to_vec(), ctx));
+                let endpoints = chunk.iter().map(|&i| wanted[i].to_endpoint()).collect();
+                packed.creates.push(new_slice(group, endpoints, ctx));
             }
         }
     }
 
     packed.updates = updated
         .into_iter()
-        .map(|kept| rewrite(kept.base, group, kept.endpoints, ctx))
+        .map(|kept| {
+            let endpoints = kept
+                .endpoints
+                .iter()
+                .map(|&i| wanted[i].to_endpoint())
+                .collect();
+            rewrite(kept.base, group, endpoints, ctx)
+        })
         .collect();
     packed
 }
@@ -139,20 +179,18 @@ pub(crate) fn pack(
 pub(crate) fn new_slice(
     group: &GroupKey,
     endpoints: Vec<Endpoint>,
-    ctx: &SliceContext,
+    ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
+    let service_name = ctx.service.metadata.name.as_deref().unwrap_or_default();
     EndpointSlice {
         address_type: group.family.as_str().to_owned(),
         endpoints: Some(endpoints),
         metadata: ObjectMeta {
-            generate_name: Some(ctx.generate_name.clone()),
-            namespace: Some(ctx.namespace.clone()),
-            labels: Some(ctx.labels.clone()),
-            annotations: Some(BTreeMap::from([(
-                LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_owned(),
-                ctx.trigger_time.clone(),
-            )])),
-            owner_references: Some(vec![ctx.owner.clone()]),
+            generate_name: Some(format!("{}{service_name}-", ctx.config.name_prefix)),
+            namespace: Some(ctx.namespace.to_owned()),
+            labels: Some(slice_labels(ctx.service, ctx.config)),
+            annotations: Some(BTreeMap::from([ctx.trigger_annotation()])),
+            owner_references: Some(vec![owner_reference(ctx.service)]),
             ..ObjectMeta::default()
         },
         ports: Some(endpoint_ports(&group.ports)),
@@ -165,20 +203,18 @@ pub(crate) fn rewrite(
     base: &EndpointSlice,
     group: &GroupKey,
     endpoints: Vec<Endpoint>,
-    ctx: &SliceContext,
+    ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
     let mut slice = base.clone();
     // Left out so the server keeps its own record; echoing it back could only go wrong.
     slice.metadata.managed_fields = None;
-    slice.metadata.labels = Some(ctx.labels.clone());
+    slice.metadata.labels = Some(slice_labels(ctx.service, ctx.config));
+    let (key, value) = ctx.trigger_annotation();
     slice
         .metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(
-            LAST_CHANGE_TRIGGER_TIME_ANNOTATION.to_owned(),
-            ctx.trigger_time.clone(),
-        );
+        .insert(key, value);
     slice.ports = Some(endpoint_ports(&group.ports));
     slice.endpoints = Some(endpoints);
     slice

@@ -8,10 +8,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::desired::{Family, GroupKey, desired, port_keys};
-use crate::labels::{
-    SERVICE_NAME_LABEL, active_selector, is_managed, is_owned_by, label, owner_reference,
-    slice_labels,
-};
+use crate::labels::{SERVICE_NAME_LABEL, active_selector, is_managed, is_owned_by, label};
 use crate::pack::{SliceContext, endpoint_key, pack, rewrite};
 use crate::{Config, Diagnostic};
 
@@ -115,12 +112,12 @@ pub fn plan_slices(
 
     let desired = desired(service, workloads);
     plan.diagnostics = desired.diagnostics;
+    let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
     let ctx = SliceContext {
-        namespace: service.metadata.namespace.clone().unwrap_or_default(),
-        generate_name: format!("{}{}-", config.name_prefix, service_name),
-        labels: slice_labels(service, config),
-        owner: owner_reference(service),
-        trigger_time: trigger_time.0.to_string(),
+        service,
+        config,
+        namespace,
+        trigger_time,
         max: config.max_endpoints_per_slice.max(1),
     };
 
@@ -145,16 +142,15 @@ pub fn plan_slices(
     }
 
     // Steps 1 to 4, group by group; a group no longer desired packs nothing and deletes all.
-    let mut groups = desired.groups;
-    for key in existing_groups.keys() {
-        groups.entry(key.clone()).or_default();
-    }
-    for (key, endpoints) in groups {
-        let slices = existing_groups.remove(&key).unwrap_or_default();
-        let packed = pack(&key, endpoints, &slices, &ctx);
+    for (key, wanted) in &desired.groups {
+        let slices = existing_groups.remove(key).unwrap_or_default();
+        let packed = pack(key, wanted, &slices, &ctx);
         plan.creates.extend(packed.creates);
         plan.updates.extend(packed.updates);
         recyclable.extend(packed.deletes);
+    }
+    for slices in existing_groups.into_values() {
+        recyclable.extend(slices.into_iter().cloned());
     }
 
     // Step 5: a create and a delete of the same family become one update of the deleted slice.
@@ -175,12 +171,12 @@ pub fn plan_slices(
     plan.creates = creates;
     plan.deletes.extend(recyclable);
 
-    sort(&mut plan, &ctx.namespace);
+    sort(&mut plan, namespace);
     plan.without_creates_if_deleting(service)
 }
 
 /// `base` rewritten to hold what `create` would have held.
-fn recycle(base: &EndpointSlice, create: EndpointSlice, ctx: &SliceContext) -> EndpointSlice {
+fn recycle(base: &EndpointSlice, create: EndpointSlice, ctx: &SliceContext<'_>) -> EndpointSlice {
     let group = GroupKey {
         family: Family::parse(&create.address_type).unwrap_or(Family::V4),
         ports: port_keys(create.ports.as_ref()),
