@@ -8,7 +8,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::Timestamp,
 };
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::*;
 use crate::store::MemoryLeaseStore;
@@ -177,6 +177,20 @@ async fn renew_deadline_without_renewal_steps_down_before_others_can_take_over()
 
     // A's API calls now hang: no error, no answer.
     a_conn.hang(true);
+    let margin = Duration::from_secs(1);
+    let fence = crate::Fence::new(
+        term.clone(),
+        a.leadership(),
+        margin,
+        crate::FenceMetrics::default(),
+    );
+    sleep_until(last_renewal + RENEW_DEADLINE - margin - Duration::from_millis(1)).await;
+    assert_eq!(fence.check(), Ok(()), "still safely held");
+    sleep(Duration::from_millis(1)).await;
+    assert!(
+        fence.check().is_err(),
+        "writes stop a margin before the step-down"
+    );
     let stepped_down = wait_leading(&a, false, RENEW_DEADLINE + RETRY).await;
     assert!(
         stepped_down <= last_renewal + RENEW_DEADLINE,
