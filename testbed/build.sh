@@ -31,6 +31,7 @@ wanted=(etcd kube-apiserver)
 [[ "${TESTBED_BUILD_KCM:-}" == 1 ]] && wanted+=(kube-controller-manager)
 
 log() { printf '[testbed/build.sh] %s\n' "$*" >&2; }
+trap 'log "failed (line $LINENO): $BASH_COMMAND"' ERR
 
 all_present() {
   local b
@@ -123,8 +124,14 @@ build_kubernetes() {
     local replaces="" m n=0
     for m in $modules; do
       n=$((n + 1))
-      if go mod download -json "$m@$staging_version" >/dev/null 2>&1; then
+      local err
+      # Exits non-zero when the version is not served; the JSON's Error field says why.
+      err=$(go mod download -json "$m@$staging_version" 2>/dev/null | jq -r '.Error // empty') || true
+      if [[ -z "$err" ]]; then
         replaces+=$'\t'"$m => $m $staging_version"$'\n'
+      elif ! grep -qiE 'not found|unknown revision|not available|40[34]|410' <<<"$err"; then
+        log "cannot fetch $m@$staging_version: $err"
+        exit 1
       else
         # Not published at this release: kube-apiserver must not import it, so a stub
         # holding only a go.mod satisfies the module graph.
