@@ -57,6 +57,10 @@ pub enum RuntimeError {
     /// The elector stopped on its own. Not retryable: exit the process so that it restarts.
     #[error("leader election stopped: {0}")]
     ElectorLost(#[from] ElectorError),
+    /// A worker ended while the runtime was running (a reconcile panicked). Not retryable: a bug;
+    /// exit the process rather than keep running with fewer workers.
+    #[error("a worker stopped unexpectedly: {0}")]
+    WorkerFailed(String),
 }
 
 type ReconcileFn<K, S, E> =
@@ -168,6 +172,18 @@ where
                         None
                     };
                     self.apply(&mut current, next, &leadership);
+                }
+                Some(ended) = workers.join_next() => {
+                    if let Some(term) = current.take() {
+                        self.gate.stop(term.id());
+                    }
+                    self.queue.close();
+                    workers.abort_all();
+                    let reason = match ended {
+                        Ok(()) => "it returned".to_string(),
+                        Err(error) => error.to_string(),
+                    };
+                    return Err(RuntimeError::WorkerFailed(reason));
                 }
                 () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
                     if let Some(term) = &current {

@@ -447,3 +447,30 @@ async fn a_dropped_external_leadership_source_means_following() {
         .expect("task")
         .expect("clean shutdown");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_reconcile_ends_the_runtime_visibly() {
+    let (_leadership, receiver) = watch::channel(Some(Term::unbounded()));
+    let runtime = Runtime::new(
+        RuntimeConfig::default(),
+        |_term: &Term| (),
+        |context: &TermContext<u32, ()>| {
+            context.enqueue(1);
+        },
+        |_key: u32, _context: TermContext<u32, ()>| async {
+            panic!("bug in reconcile");
+            #[allow(unreachable_code)]
+            Ok::<_, Fenced>(Action::Done)
+        },
+    );
+    let result = timeout(
+        Duration::from_secs(1),
+        runtime.run(ElectorHandle::external(receiver), CancellationToken::new()),
+    )
+    .await
+    .expect("returned");
+    assert!(
+        matches!(result, Err(RuntimeError::WorkerFailed(_))),
+        "{result:?}"
+    );
+}
