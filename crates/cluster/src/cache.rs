@@ -319,7 +319,10 @@ mod tests {
         let cache = Cache::grouped(by_service);
         assert!(cache.apply(slice("s1", "web", "1")).old.is_none());
         let change = cache.apply(slice("s1", "api", "2"));
-        assert_eq!(change.old.unwrap().metadata.resource_version.as_deref(), Some("1"));
+        assert_eq!(
+            change.old.unwrap().metadata.resource_version.as_deref(),
+            Some("1")
+        );
         assert!(cache.in_group("ns", "web").is_empty());
         assert_eq!(cache.in_group("ns", "api").len(), 1);
         assert_eq!(cache.len(), 1);

@@ -62,11 +62,7 @@ impl Caches {
 
     /// Whether every cache holds something (for logs).
     pub fn summary(&self) -> (usize, usize, usize) {
-        (
-            self.services.len(),
-            self.workloads.len(),
-            self.slices.len(),
-        )
+        (self.services.len(), self.workloads.len(), self.slices.len())
     }
 }
 

@@ -25,9 +25,7 @@ use std::sync::Arc;
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, runtime::watcher};
-use leadership::{
-    ElectorHandle, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError,
-};
+use leadership::{ElectorHandle, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
@@ -180,7 +178,12 @@ impl<W: SliceApi> Controller<W> {
             }
         }
         let (services, workloads, slices) = self.caches.summary();
-        tracing::info!(services, workloads, slices, "caches synced; joining the election");
+        tracing::info!(
+            services,
+            workloads,
+            slices,
+            "caches synced; joining the election"
+        );
         on_synced();
 
         let elector: ElectorHandle =
@@ -245,9 +248,8 @@ impl<W: SliceApi> Controller<W> {
             watcher::Config::default(),
             caches.workloads.clone(),
             move |change| {
-                workloads_gate.dispatch(|context| {
-                    handlers::on_workload(context, &workload_caches, &change)
-                });
+                workloads_gate
+                    .dispatch(|context| handlers::on_workload(context, &workload_caches, &change));
             },
             ready(&synced),
             errors("ExternalWorkload"),

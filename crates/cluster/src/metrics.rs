@@ -16,6 +16,14 @@ use prometheus_client::{
 use leadership::{ElectorMetrics, FenceMetrics, Leadership, WorkQueue};
 use slices::ServiceKey;
 
+/// Every value of `slices::Problem::reason` (checked by a test below).
+const PROBLEM_REASONS: [&str; 4] = [
+    "invalid_ip",
+    "unresolved_port",
+    "invalid_port",
+    "invalid_hostname",
+];
+
 /// Counters and histograms the reconcile path updates.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -117,6 +125,19 @@ impl Metrics {
             events_published: Counter::default(),
             watch_errors: Family::default(),
         };
+        // Every bounded label value starts at zero, so a rate() or an absence check works
+        // before the first event.
+        for operation in [Operation::Create, Operation::Update, Operation::Delete] {
+            let labels = WriteLabels { operation };
+            metrics.slice_writes.get_or_create(&labels).inc_by(0);
+            metrics.slice_write_errors.get_or_create(&labels).inc_by(0);
+        }
+        for reason in PROBLEM_REASONS {
+            metrics
+                .invalid_workload_data
+                .get_or_create(&ReasonLabels { reason })
+                .inc_by(0);
+        }
         registry.register(
             "reconcile_duration_seconds",
             "Time to reconcile one Service, by outcome",
@@ -263,4 +284,43 @@ fn counter(
 ) -> Result<(), std::fmt::Error> {
     let metric = ConstCounter::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use slices::Problem;
+
+    use super::*;
+
+    #[test]
+    fn every_problem_reason_is_pre_registered() {
+        let problems = [
+            Problem::InvalidIp { value: "x".into() },
+            Problem::UnresolvedPort {
+                port_name: "http".into(),
+                protocol: "TCP".into(),
+            },
+            Problem::InvalidPort {
+                port_name: "http".into(),
+                value: 0,
+            },
+            Problem::InvalidHostname { value: "X".into() },
+        ];
+        for problem in problems {
+            assert!(PROBLEM_REASONS.contains(&problem.reason()), "{problem:?}");
+        }
+    }
+
+    #[test]
+    fn write_counters_start_at_zero() {
+        let mut registry = Registry::default();
+        Metrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("slice_writes_total{operation=\"Create\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("invalid_workload_data_total{reason=\"invalid_ip\"} 0"));
+    }
 }

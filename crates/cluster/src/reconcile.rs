@@ -125,7 +125,10 @@ async fn reconcile_inner<W: SliceApi>(
         let since = *state.stale_since.lock().entry(key.clone()).or_insert(now);
         if now.duration_since(since) < shared.stale_limit {
             shared.metrics.stale_cache_retries.inc();
-            tracing::debug!(reason = reason.reason(), "cache behind our writes; retrying shortly");
+            tracing::debug!(
+                reason = reason.reason(),
+                "cache behind our writes; retrying shortly"
+            );
             return Ok(ReconcileOutcome::Stale);
         }
         tracing::warn!(
@@ -158,7 +161,16 @@ async fn reconcile_inner<W: SliceApi>(
         return Ok(ReconcileOutcome::Done);
     }
     let fence = context.fence();
-    match write_plan(&shared.api, key, &plan, fence, &state.tracker, &shared.metrics).await {
+    match write_plan(
+        &shared.api,
+        key,
+        &plan,
+        fence,
+        &state.tracker,
+        &shared.metrics,
+    )
+    .await
+    {
         Ok(written) => {
             tracing::info!(
                 created = written.created,

@@ -8,11 +8,11 @@
 use std::{fmt::Debug, sync::Arc};
 
 use futures::StreamExt;
-use prometheus_client::metrics::counter::Counter;
 use kube::{
     Api, Resource,
     runtime::{WatchStreamExt, watcher},
 };
+use prometheus_client::metrics::counter::Counter;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{Cache, Change};
@@ -46,9 +46,7 @@ pub async fn run<K, D>(
     D: FnMut(Change<K>),
 {
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(strip::<K>);
+    let stream = watcher(api, config).default_backoff().modify(strip::<K>);
     futures::pin_mut!(stream);
     let mut on_synced = Some(on_synced);
     let mut listing: Option<Vec<K>> = None;
@@ -86,5 +84,3 @@ pub async fn run<K, D>(
         }
     }
 }
-
-

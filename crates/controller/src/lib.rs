@@ -29,9 +29,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let config = controller_config(&settings);
     let client = client(&settings).await?;
 
-    let mut registry = Registry::with_prefix("external_endpoints");
-    let controller = Controller::new(client, config, &mut registry)?;
+    let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessCollector));
+    let controller = Controller::new(
+        client,
+        config,
+        registry.sub_registry_with_prefix("external_endpoints"),
+    )?;
 
     let shutdown = CancellationToken::new();
     let health = Arc::new(Health::default());

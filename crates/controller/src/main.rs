@@ -4,7 +4,10 @@ use external_endpoints::{cli::Args, run};
 
 fn main() -> std::process::ExitCode {
     let settings = Args::parse_and_validate();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");

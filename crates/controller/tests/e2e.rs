@@ -1,0 +1,271 @@
+//! End-to-end: the real `external-endpoints` binary, as separate processes, against a real
+//! kube-apiserver + etcd (the testbed). Slices are checked against the planner's view of the
+//! objects in the API, waiting on conditions with a timeout.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::{
+    api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+};
+use kube::api::{DeleteParams, PostParams};
+use slices::testing::{Svc, Workload};
+use support::{CONVERGE, Cluster, Replica, eventually};
+
+fn web() -> Svc {
+    Svc::named("web")
+        .selector("app", "web")
+        .label("team", "payments")
+        .port("http", 80, "http")
+}
+
+fn vm(name: &str, ip: &str) -> Workload {
+    Workload::named(name)
+        .label("app", "web")
+        .ip(ip)
+        .port("http", 8080)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slices_follow_services_and_workloads() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "lifecycle").await;
+    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading().await;
+
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+    cluster
+        .apply_workload(vm("vm-2", "10.0.0.2").not_ready())
+        .await;
+    cluster.wait_converged().await;
+    let endpoints = cluster.endpoints_of("web").await;
+    assert_eq!(endpoints["vm-1"], (vec!["10.0.0.1".to_string()], true));
+    assert_eq!(endpoints["vm-2"], (vec!["10.0.0.2".to_string()], false));
+    let slice = &cluster.slices_of("web").await[0];
+    assert_eq!(slice.labels_ref("team"), Some("payments"));
+    let port = &slice.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.port),
+        (Some("http"), Some(8080))
+    );
+
+    // Readiness, IP and label changes.
+    cluster
+        .apply_workload(vm("vm-2", "10.0.0.22").ready())
+        .await;
+    cluster.wait_converged().await;
+    assert_eq!(
+        cluster.endpoints_of("web").await["vm-2"],
+        (vec!["10.0.0.22".to_string()], true)
+    );
+    cluster
+        .update_service(web().label("team", "checkout"))
+        .await;
+    cluster.wait_converged().await;
+    assert_eq!(
+        cluster.slices_of("web").await[0].labels_ref("team"),
+        Some("checkout")
+    );
+
+    // A deleted workload leaves the slice; a workload whose labels stop matching too.
+    cluster.delete_workload("vm-1").await;
+    cluster.wait_converged().await;
+    assert!(!cluster.endpoints_of("web").await.contains_key("vm-1"));
+
+    // A Service that loses its selector loses its slices.
+    cluster.update_service(web().no_selector()).await;
+    eventually("web's slices to be deleted", CONVERGE, || async {
+        match cluster.slices_of("web").await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} slices left")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reacquired_leader_recreates_slices_deleted_while_following() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "stale-tracker").await;
+    cluster.create_service(web()).await;
+    cluster
+        .create_service(
+            Svc::named("api")
+                .selector("app", "api")
+                .port("http", 80, 8080),
+        )
+        .await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+    cluster.apply_workload(vm("vm-2", "10.0.0.2").ready()).await;
+    cluster
+        .apply_workload(
+            Workload::named("api-1")
+                .label("app", "api")
+                .ip("10.0.1.1")
+                .ready(),
+        )
+        .await;
+
+    // A leads and writes the slices (term 1 records them in its tracker).
+    let a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading().await;
+    cluster.wait_converged().await;
+
+    // A loses the lease: another identity takes it through the API.
+    take_lease(&cluster, "intruder").await;
+    eventually("a to step down", CONVERGE, || async {
+        if a.is_leader().await {
+            Err("still leading".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+
+    // Meanwhile a third client deletes web's slice and edits api's.
+    let slices = cluster.slices_api();
+    for slice in cluster.slices_of("web").await {
+        slices
+            .delete(&slice.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let mut edited = cluster.slices_of("api").await.remove(0);
+    edited.endpoints = Some(Vec::new());
+    slices
+        .replace(&edited.name_any(), &PostParams::default(), &edited)
+        .await
+        .unwrap();
+    assert!(
+        cluster.converged().await.is_err(),
+        "the edits must be visible"
+    );
+    assert!(
+        cluster.slices_of("web").await.is_empty(),
+        "a follower must not write"
+    );
+
+    // A leads again: the replayed adds must rewrite both Services' slices.
+    release_lease(&cluster).await;
+    a.wait_leading().await;
+    cluster.wait_converged().await;
+    assert_eq!(cluster.endpoints_of("web").await.len(), 2);
+    assert_eq!(cluster.endpoints_of("api").await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "recreate").await;
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+
+    let mut a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading().await;
+    cluster.wait_converged().await;
+
+    // Graceful exit: drains, releases the Lease, exits 0.
+    a.terminate();
+    assert!(a.wait_exit(CONVERGE).await.success(), "{}", a.log());
+    assert_eq!(cluster.lease_holder().await, None, "the lease is released");
+
+    // B's first term never wrote these slices; they are correct, so it writes nothing.
+    let b = Replica::start(testbed, &cluster.namespace, "b", &[]).await;
+    b.wait_leading().await;
+    eventually("b to check every Service", CONVERGE, || async {
+        let adds = b.metric("external_endpoints_queue_adds_total", "").await?;
+        let depth = b.metric("external_endpoints_queue_depth", "").await?;
+        if adds >= 1.0 && depth == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("adds {adds}, depth {depth}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        b.metric("external_endpoints_slice_writes_total", "")
+            .await
+            .unwrap(),
+        0.0
+    );
+
+    // Someone else deletes the slice: B re-creates it.
+    for slice in cluster.slices_of("web").await {
+        cluster
+            .slices_api()
+            .delete(&slice.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    cluster.wait_converged().await;
+    assert_eq!(cluster.slices_of("web").await.len(), 1);
+    let creates = b
+        .metric(
+            "external_endpoints_slice_writes_total",
+            "operation=\"Create\"",
+        )
+        .await
+        .unwrap();
+    assert_eq!(creates, 1.0);
+}
+
+/// Takes the e2e Lease for `holder` through the API, as another controller would.
+async fn take_lease(cluster: &Cluster, holder: &str) {
+    update_lease(cluster, |lease| {
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(holder.to_string());
+        spec.lease_duration_seconds = Some(3600);
+        spec.acquire_time = Some(MicroTime(Timestamp::now()));
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    })
+    .await;
+}
+
+/// Clears the holder, as a graceful release does.
+async fn release_lease(cluster: &Cluster) {
+    update_lease(cluster, |lease| {
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+    })
+    .await;
+}
+
+async fn update_lease(cluster: &Cluster, change: impl Fn(&mut Lease)) {
+    let leases = cluster.leases();
+    eventually("the lease update", Duration::from_secs(10), || async {
+        let mut lease = leases
+            .get(support::LEASE)
+            .await
+            .map_err(|e| e.to_string())?;
+        change(&mut lease);
+        leases
+            .replace(support::LEASE, &PostParams::default(), &lease)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+}
+
+trait LabelsRef {
+    fn labels_ref(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelsRef for k8s_openapi::api::discovery::v1::EndpointSlice {
+    fn labels_ref(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .map(String::as_str)
+    }
+}
+
+use kube::ResourceExt;
