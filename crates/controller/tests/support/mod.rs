@@ -1,6 +1,7 @@
 //! End-to-end test support: real `external-endpoints` processes against the testbed's real
 //! kube-apiserver, and helpers to change objects and wait for slices to converge.
 #![allow(dead_code)] // each test binary uses a different part of this module
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the failure report
 
 use std::{
     collections::BTreeMap,
