@@ -20,8 +20,11 @@ fn service(namespace: &str) -> Service {
         .build()
 }
 
+/// `count` workloads in a scrambled order, as a cache hands them out (7919 is prime, so
+/// `j * 7919 mod count` visits every index once).
 fn workloads(namespace: &str, count: usize) -> Vec<ExternalWorkload> {
     (0..count)
+        .map(|j| (j * 7919) % count)
         .map(|i| {
             Workload::named(&format!("vm-{i:05}"))
                 .namespace(namespace)
@@ -73,7 +76,11 @@ fn per_service(c: &mut Criterion) {
     let svc = service("default");
     let mut workloads = workloads("default", 1_000);
     let slices = converged(&svc, &workloads);
-    workloads[500] = Workload::named("vm-00500")
+    let changed = workloads
+        .iter()
+        .position(|w| w.metadata.name.as_deref() == Some("vm-00500"))
+        .unwrap_or_default();
+    workloads[changed] = Workload::named("vm-00500")
         .label("app", "web")
         .ip("10.0.1.244")
         .port("http", 8080)

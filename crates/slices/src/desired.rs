@@ -49,12 +49,21 @@ pub(crate) struct Wanted<'a> {
     pub(crate) name: &'a str,
     namespace: Option<&'a str>,
     uid: Option<&'a str>,
-    addresses: Vec<Cow<'a, str>>,
+    addresses: Addresses<'a>,
     zone: Option<&'a str>,
     hostname: Option<&'a str>,
     ready: bool,
     serving: bool,
     terminating: bool,
+}
+
+/// A workload's addresses of one family, in order, without duplicates. The first is held
+/// inline: nearly every workload has one address per family, and a no-op pass over a thousand
+/// workloads should not allocate a thousand vectors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Addresses<'a> {
+    first: Option<Cow<'a, str>>,
+    rest: Vec<Cow<'a, str>>,
 }
 
 /// A resolved port borrowing the Service port's name and protocol.
@@ -145,21 +154,26 @@ pub(crate) fn desired<'a>(service: &'a Service, workloads: &[&'a ExternalWorkloa
         .and_then(|s| s.ports.as_deref())
         .unwrap_or_default();
 
-    // Sorted by name so output and diagnostics never depend on input order.
-    let mut selected: Vec<&ExternalWorkload> = workloads
+    // Sorted by name so output and diagnostics never depend on input order. The sort compares
+    // a 16-byte prefix as an integer first: names rarely share one, and a thousand string
+    // compares through memcmp were most of a no-op pass (design.md section 10).
+    let mut selected: Vec<(u128, &str, &ExternalWorkload)> = workloads
         .iter()
         .copied()
         .filter(|w| selects(service, w))
+        .map(|w| {
+            let name = w.metadata.name.as_deref().unwrap_or_default();
+            (name_prefix(name), name, w)
+        })
         .collect();
-    selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    selected.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
 
     // Distinct resolved port lists (few per Service), and endpoints per (family, list).
     let mut port_lists: Vec<Vec<PortRef<'a>>> = Vec::new();
     let mut buckets: BTreeMap<(Family, usize), Vec<Wanted<'a>>> = BTreeMap::new();
     let mut diagnostics = Vec::new();
     let mut ports = Vec::with_capacity(service_ports.len());
-    for workload in selected {
-        let name = workload.metadata.name.as_deref().unwrap_or_default();
+    for (_, name, workload) in selected {
         let mut problems = Vec::new();
         let addresses = addresses_by_family(workload, &mut problems);
         if addresses.iter().all(|(_, a)| a.is_empty()) {
@@ -210,6 +224,16 @@ pub(crate) fn desired<'a>(service: &'a Service, workloads: &[&'a ExternalWorkloa
     }
 }
 
+/// The first 16 bytes of `name` as a big-endian integer (zero-padded): ordering by it and then
+/// by the whole name is exactly ordering by name, since names hold no NUL byte.
+fn name_prefix(name: &str) -> u128 {
+    let mut prefix = [0u8; 16];
+    let bytes = name.as_bytes();
+    let len = bytes.len().min(16);
+    prefix[..len].copy_from_slice(&bytes[..len]);
+    u128::from_be_bytes(prefix)
+}
+
 fn report(diagnostics: &mut Vec<Diagnostic>, workload: &str, problems: Vec<Problem>) {
     diagnostics.extend(problems.into_iter().map(|problem| Diagnostic {
         workload: workload.to_owned(),
@@ -222,27 +246,20 @@ fn report(diagnostics: &mut Vec<Diagnostic>, workload: &str, problems: Vec<Probl
 fn addresses_by_family<'a>(
     workload: &'a ExternalWorkload,
     problems: &mut Vec<Problem>,
-) -> [(Family, Vec<Cow<'a, str>>); 2] {
-    let mut v4: Vec<Cow<'a, str>> = Vec::new();
-    let mut v6: Vec<Cow<'a, str>> = Vec::new();
+) -> [(Family, Addresses<'a>); 2] {
+    let mut v4 = Addresses::default();
+    let mut v6 = Addresses::default();
     for entry in &workload.spec.workload_ips {
         match entry.ip.parse::<IpAddr>() {
             // The parser takes only dotted quads without leading zeros: the text is canonical.
-            Ok(IpAddr::V4(_)) => {
-                if !v4.iter().any(|a| *a == entry.ip) {
-                    v4.push(Cow::Borrowed(entry.ip.as_str()));
-                }
-            }
+            Ok(IpAddr::V4(_)) => v4.push_unique(Cow::Borrowed(entry.ip.as_str())),
             Ok(ip @ IpAddr::V6(_)) => {
                 let text = ip.to_string();
-                let text = if text == entry.ip {
+                v6.push_unique(if text == entry.ip {
                     Cow::Borrowed(entry.ip.as_str())
                 } else {
                     Cow::Owned(text)
-                };
-                if !v6.contains(&text) {
-                    v6.push(text);
-                }
+                });
             }
             Err(_) => problems.push(Problem::InvalidIp {
                 value: entry.ip.clone(),
@@ -300,7 +317,7 @@ fn resolve_ports<'a>(
 
 fn wanted<'a>(
     workload: &'a ExternalWorkload,
-    addresses: Vec<Cow<'a, str>>,
+    addresses: Addresses<'a>,
     hostname: Option<&'a str>,
     publish_not_ready: bool,
 ) -> Wanted<'a> {
@@ -316,6 +333,32 @@ fn wanted<'a>(
         ready: publish_not_ready || (serving && !terminating),
         serving,
         terminating,
+    }
+}
+
+// === impl Addresses ===
+
+impl<'a> Addresses<'a> {
+    fn push_unique(&mut self, address: Cow<'a, str>) {
+        if self.iter().any(|a| *a == address) {
+            return;
+        }
+        match self.first {
+            None => self.first = Some(address),
+            Some(_) => self.rest.push(address),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Cow<'a, str>> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
     }
 }
 
@@ -349,7 +392,7 @@ impl Wanted<'_> {
             && endpoint
                 .addresses
                 .iter()
-                .zip(&self.addresses)
+                .zip(self.addresses.iter())
                 .all(|(a, b)| a == b)
             && endpoint.conditions.as_ref() == Some(&self.conditions())
             && endpoint.hostname.as_deref() == self.hostname

@@ -76,18 +76,25 @@ pub(crate) fn pack(
     let mut updated: Vec<Kept<'_>> = Vec::new();
     let mut unchanged: Vec<Kept<'_>> = Vec::new();
 
-    // Step 1: keep what is still desired, in its desired version.
+    // Step 1: keep what is still desired, in its desired version. Slices we wrote list their
+    // endpoints in name order, so the next wanted endpoint is tried before a binary search.
+    let mut hint = 0;
+    let find = |key: &str, hint: usize| match wanted.get(hint) {
+        Some(w) if w.name == key => Some(hint),
+        _ => wanted.binary_search_by(|w| w.name.cmp(key)).ok(),
+    };
     for slice in existing {
         let current = slice.endpoints.as_deref().unwrap_or_default();
         let mut kept = Vec::with_capacity(current.len());
         let mut changed = false;
         for endpoint in current {
             let index = endpoint_key(endpoint, ctx.namespace)
-                .and_then(|key| wanted.binary_search_by(|w| w.name.cmp(key)).ok())
+                .and_then(|key| find(key, hint))
                 .filter(|&i| !taken[i]);
             match index {
                 Some(i) => {
                     taken[i] = true;
+                    hint = i + 1;
                     changed |= !wanted[i].matches(endpoint);
                     kept.push(i);
                 }
