@@ -40,23 +40,23 @@ pub struct Args {
     pub lease_namespace: String,
 
     /// How long a Lease is valid for others after its last observed change.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub lease_duration: Duration,
 
     /// A leader that has not renewed for this long steps down (renewal grace period).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub renew_deadline: Duration,
 
     /// Interval between renewals (leader) and acquisition attempts (followers).
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub retry_period: Duration,
 
     /// Number of Services reconciled concurrently.
-    #[arg(long, env = "WORKERS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, env = "WORKERS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), allow_negative_numbers = true)]
     pub workers: u16,
 
     /// Maximum endpoints in one EndpointSlice (1..=1000).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000), allow_negative_numbers = true)]
     pub max_endpoints_per_slice: u16,
 
     /// Value of the endpointslice.kubernetes.io/managed-by label on the slices this controller owns.
@@ -68,11 +68,11 @@ pub struct Args {
     pub slice_prefix: String,
 
     /// Full resync of every Service while leading (a safety net, not the recovery path).
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_duration, allow_hyphen_values = true)]
     pub resync_period: Duration,
 
     /// On SIGTERM, how long to keep draining queued and in-flight work before releasing the Lease.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub drain_timeout: Duration,
 
     /// Address of the admin HTTP server (/live, /ready, /metrics).
@@ -156,7 +156,12 @@ impl Args {
     }
 }
 
+/// Duration flags take hyphen values (`allow_hyphen_values`) so that `--lease-duration -5s` is
+/// reported as a bad duration of that flag, not as an unknown argument `-5`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
+    if text.trim().starts_with('-') {
+        return Err("a duration cannot be negative".into());
+    }
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("{e} (expected a duration such as 15s, 500ms or 10m)"))
 }
