@@ -1,6 +1,7 @@
 //! What an operator sees of the real binary on the testbed: Warning Events for workload data
 //! that cannot be used, readiness of leader and standby, and the metrics that follow
 //! leadership and writes.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 mod support;
 
