@@ -457,3 +457,57 @@ impl Cluster {
             .filter(|h| !h.is_empty())
     }
 }
+
+// === Added for tests that choose every flag themselves (deploy.rs) ===
+
+impl Replica {
+    /// Starts the binary with `kubeconfig`, `identity`, JSON logs on a free admin port and
+    /// exactly the other flags in `args` (no namespace or Lease flags are added: cluster-wide
+    /// unless `args` says otherwise), and waits for its admin server.
+    pub async fn start_with(kubeconfig: &Path, identity: &str, args: &[&str]) -> Replica {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(format!("{identity}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--identity", identity])
+            .args(["--admin-addr", "127.0.0.1:0", "--log-format", "json"])
+            .args(args)
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("WATCH_NAMESPACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let admin = eventually("the admin address in the log", CONVERGE, || async {
+            admin_address(&log)
+        })
+        .await;
+        Replica {
+            identity: identity.to_string(),
+            child,
+            log,
+            admin,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until `/ready` answers 200.
+    pub async fn wait_ready(&self) {
+        eventually(
+            &format!("{} to be ready", self.identity),
+            CONVERGE,
+            || async {
+                match self.get("/ready").await? {
+                    (200, _) => Ok(()),
+                    (status, body) => Err(format!("/ready {status} {body}")),
+                }
+            },
+        )
+        .await
+    }
+}
