@@ -384,6 +384,9 @@ impl Wanted<'_> {
     }
 
     /// Whether `endpoint` equals [`Wanted::to_endpoint`], checked without building it.
+    ///
+    /// The caller found `endpoint` by `pack::endpoint_key`, which already checked the target's
+    /// kind and namespace (the Service's, which is this workload's); they are not compared again.
     pub(crate) fn matches(&self, endpoint: &Endpoint) -> bool {
         let Some(target) = endpoint.target_ref.as_ref() else {
             return false;
@@ -400,8 +403,6 @@ impl Wanted<'_> {
             && endpoint.node_name.is_none()
             && endpoint.hints.is_none()
             && endpoint.deprecated_topology.is_none()
-            && target.kind.as_deref() == Some(WORKLOAD_KIND)
-            && target.namespace.as_deref() == self.namespace
             && target.name.as_deref() == Some(self.name)
             && target.uid.as_deref() == self.uid
             && target.api_version.is_none()
