@@ -1,0 +1,428 @@
+//! Fail-over benchmark on the testbed (real kube-apiserver + etcd, real controller processes):
+//!
+//! 1. graceful hand-over: SIGTERM the leader, change a workload at once, and time the change
+//!    appearing in the EndpointSlice (seen through a watch), and the follower's "acquired the
+//!    lease" log line;
+//! 2. crash fail-over: the same with SIGKILL (bounded by the lease duration);
+//! 3. acquisition with correct slices in place: from the new leader's acquisition until every
+//!    Service has been reconciled and the queue is empty, and how many writes it made (must be 0),
+//!    at 1k and 10k Services.
+//!
+//! `cargo bench -p external-endpoints --bench failover`. Knobs (environment):
+//! `FAILOVER_ROUNDS` (5), `FAILOVER_ACQUIRE_SIZES` (`1000,10000`), `FAILOVER_ACQUIRE_ROUNDS` (5),
+//! `FAILOVER_PER_SERVICE` (5 workloads per Service).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    time::{Duration, SystemTime},
+};
+
+use api::v1beta1::ExternalWorkload;
+use common::{
+    Replica, ReplicaSpec, Table, env_list, env_usize, invoked_by_cargo_bench, poll, populate,
+    progress, seconds_between,
+};
+use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use slices::testing::{Svc, Workload};
+use tokio::{sync::watch, time::Instant};
+
+const MANAGED_BY: &str =
+    "endpointslice.kubernetes.io/managed-by=linkerd-external-workloads-controller";
+const LEASE: &str = "bench-lease";
+
+fn main() {
+    if !invoked_by_cargo_bench() {
+        eprintln!(
+            "failover: a benchmark; run it with `cargo bench -p external-endpoints --bench failover`"
+        );
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run());
+}
+
+async fn run() {
+    let started = Instant::now();
+    let rounds = env_usize("FAILOVER_ROUNDS", 5);
+    let sizes = env_list("FAILOVER_ACQUIRE_SIZES", &[1000, 10000]);
+    let acquire_rounds = env_usize("FAILOVER_ACQUIRE_ROUNDS", 5);
+    let per_service = env_usize("FAILOVER_PER_SERVICE", 5);
+
+    let testbed = testbed::Testbed::start(testbed::Options::default())
+        .await
+        .unwrap();
+    let client = testbed.client().await.unwrap();
+    progress(started, "testbed up");
+
+    let mut table = Table::default();
+    if rounds > 0 {
+        handover(&testbed, &client, rounds, started, &mut table).await;
+        table.print("fail-over (partial results)");
+    }
+    for &services in &sizes {
+        acquire(
+            &testbed,
+            &client,
+            services,
+            per_service,
+            acquire_rounds,
+            started,
+            &mut table,
+        )
+        .await;
+        table.print("fail-over (partial results)");
+    }
+    table.print(&format!(
+        "fail-over: lease 15s/10s/2s (defaults), {} CPUs",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    ));
+    progress(started, "done");
+}
+
+/// Graceful (SIGTERM) and crash (SIGKILL) hand-overs with one Service and a few workloads.
+async fn handover(
+    testbed: &testbed::Testbed,
+    client: &Client,
+    rounds: usize,
+    started: Instant,
+    table: &mut Table,
+) {
+    let namespace = testbed.fresh_namespace("bench-failover").await.unwrap();
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let workloads: Api<ExternalWorkload> = Api::namespaced(client.clone(), &namespace);
+    let mut service: Service = Svc::named("web")
+        .namespace(&namespace)
+        .selector("app", "web")
+        .port("http", 80, "http")
+        .build();
+    service.metadata.uid = None;
+    service.spec.as_mut().unwrap().cluster_ip = None;
+    services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let mut workload: ExternalWorkload = Workload::named(&format!("vm-{i}"))
+            .namespace(&namespace)
+            .label("app", "web")
+            .ip(&format!("10.0.0.{}", i + 1))
+            .port("http", 8080)
+            .build();
+        workload.metadata.uid = None;
+        workloads
+            .create(&PostParams::default(), &workload)
+            .await
+            .unwrap();
+    }
+    let seen = watch_slice_addresses(client.clone(), &namespace);
+
+    let spec = ReplicaSpec {
+        watch_namespace: Some(namespace.clone()),
+        lease_namespace: namespace.clone(),
+        lease_name: LEASE.to_string(),
+        extra: Vec::new(),
+    };
+    let kubeconfig = testbed.kubeconfig_path();
+    let mut next_id = 0;
+    let mut spawn = |kubeconfig: &Path| {
+        next_id += 1;
+        let identity = format!("r{next_id}");
+        let spec = spec.clone();
+        let kubeconfig = kubeconfig.to_path_buf();
+        async move { Replica::start(&kubeconfig, &spec, &identity).await }
+    };
+    let mut leader = spawn(kubeconfig).await;
+    leader.wait_leading(Duration::from_secs(60)).await;
+    let mut follower = spawn(kubeconfig).await;
+    follower.wait_ready(Duration::from_secs(60)).await;
+    wait_seen(&seen, "10.0.0.5", Duration::from_secs(60)).await;
+    progress(started, "hand-over: 2 replicas up, slices written");
+
+    for crash in [false, true] {
+        let kind = if crash { "SIGKILL" } else { "SIGTERM" };
+        let mut to_write = Vec::new();
+        let mut to_acquire = Vec::new();
+        let mut acquire_to_write = Vec::new();
+        let mut to_release = Vec::new();
+        for round in 0..rounds {
+            // Let the follower settle (caches synced, watching the Lease) and, for a crash, the
+            // leader renew at a random phase.
+            tokio::time::sleep(Duration::from_millis(1500 + 317 * round as u64)).await;
+            let ip = format!("10.1.{}.{}", u8::from(crash), round + 1);
+            let signalled = SystemTime::now();
+            if crash {
+                leader.kill();
+            } else {
+                leader.terminate();
+            }
+            workloads
+                .patch(
+                    "vm-0",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"spec": {"workloadIPs": [{"ip": ip}]}})),
+                )
+                .await
+                .unwrap();
+            let written = wait_seen(&seen, &ip, Duration::from_secs(60)).await;
+            let acquired = poll(
+                "the follower's acquisition log line",
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                || async { follower.logged_at("acquired the lease") },
+            )
+            .await;
+            leader.wait_exit(Duration::from_secs(30)).await;
+            let writes = follower.metrics().await.map_or(0.0, |m| m.writes());
+            let release = leader.logged_at("released the lease");
+            let line = format!(
+                "{kind} round {}: acquired +{:.3}s, slice updated +{:.3}s, new leader's writes {writes}{}",
+                round + 1,
+                seconds_between(signalled, acquired),
+                seconds_between(signalled, written),
+                release.map_or(String::new(), |r| format!(
+                    ", old leader released +{:.3}s",
+                    seconds_between(signalled, r)
+                )),
+            );
+            progress(started, &line);
+            if writes < 1.0 {
+                // The change reached the old leader before it stopped intake: this sample does
+                // not time the new leader's first write.
+                progress(started, "  (written by the old leader; sample discarded)");
+            } else {
+                to_write.push(seconds_between(signalled, written));
+                acquire_to_write.push(seconds_between(acquired, written));
+            }
+            to_acquire.push(seconds_between(signalled, acquired));
+            if let Some(release) = release {
+                to_release.push(seconds_between(signalled, release));
+            }
+            std::mem::swap(&mut leader, &mut follower);
+            follower = spawn(kubeconfig).await;
+            follower.wait_ready(Duration::from_secs(60)).await;
+        }
+        if crash {
+            table.row("crash: SIGKILL → new leader acquired", "s", &to_acquire, "");
+            table.row(
+                "crash: SIGKILL → new leader's first write seen",
+                "s",
+                &to_write,
+                "≤ 16 s (LeaseDuration + 1 s)",
+            );
+        } else {
+            table.row(
+                "graceful: SIGTERM → old leader released the lease",
+                "s",
+                &to_release,
+                "",
+            );
+            table.row(
+                "graceful: SIGTERM → new leader acquired",
+                "s",
+                &to_acquire,
+                "",
+            );
+            table.row(
+                "graceful: SIGTERM → new leader's first write seen",
+                "s",
+                &to_write,
+                "≤ 1 s",
+            );
+        }
+        table.row(
+            &format!("{kind}: acquisition → first write seen"),
+            "s",
+            &acquire_to_write,
+            "",
+        );
+    }
+    leader.kill();
+    follower.kill();
+}
+
+/// Acquisition with correct slices already in place: `services` Services × `per_service`
+/// workloads; a first leader converges, then hand-overs are timed from the new leader's
+/// acquisition until every Service is checked and its queue is empty.
+async fn acquire(
+    testbed: &testbed::Testbed,
+    client: &Client,
+    services: usize,
+    per_service: usize,
+    rounds: usize,
+    started: Instant,
+    table: &mut Table,
+) {
+    let namespace = testbed
+        .fresh_namespace(&format!("bench-acquire-{services}"))
+        .await
+        .unwrap();
+    progress(
+        started,
+        format!(
+            "acquire {services}: creating {services} Services and {} workloads",
+            services * per_service
+        ),
+    );
+    populate(client, &namespace, services, per_service, started).await;
+
+    let spec = ReplicaSpec {
+        watch_namespace: Some(namespace.clone()),
+        lease_namespace: namespace.clone(),
+        lease_name: LEASE.to_string(),
+        extra: Vec::new(),
+    };
+    let kubeconfig = testbed.kubeconfig_path();
+    let mut next_id = 0;
+    let mut spawn = || {
+        next_id += 1;
+        let identity = format!("a{next_id}");
+        let spec = spec.clone();
+        async move { Replica::start(kubeconfig, &spec, &identity).await }
+    };
+    let mut leader = spawn().await;
+    leader.wait_leading(Duration::from_secs(300)).await;
+    let acquired = leader.logged_at("acquired the lease").unwrap();
+    let metrics = wait_checked(&leader, services, Duration::from_secs(1800)).await;
+    let converged = seconds_between(acquired, SystemTime::now());
+    progress(
+        started,
+        format!(
+            "acquire {services}: first leader converged {converged:.1}s after acquiring, {} creates",
+            metrics.writes_of("Create")
+        ),
+    );
+    table.row(
+        &format!("{services} Services: first leader, empty slices → converged"),
+        "s",
+        &[converged],
+        "",
+    );
+    let mut follower = spawn().await;
+    follower.wait_ready(Duration::from_secs(300)).await;
+
+    let mut checked = Vec::new();
+    let mut from_signal = Vec::new();
+    let mut writes = Vec::new();
+    for round in 0..rounds {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let signalled = SystemTime::now();
+        leader.terminate();
+        let metrics = wait_checked(&follower, services, Duration::from_secs(120)).await;
+        let done = SystemTime::now();
+        let acquired = follower.logged_at("acquired the lease").unwrap();
+        let reconciles = metrics.reconciles();
+        let round_writes = metrics.writes();
+        progress(
+            started,
+            format!(
+                "acquire {services} round {}: all checked {:.3}s after acquiring ({:.3}s after SIGTERM), {reconciles} reconciles, {} queue adds, {round_writes} writes",
+                round + 1,
+                seconds_between(acquired, done),
+                seconds_between(signalled, done),
+                metrics.queue_adds(),
+            ),
+        );
+        checked.push(seconds_between(acquired, done));
+        from_signal.push(seconds_between(signalled, done));
+        writes.push(round_writes);
+        leader.wait_exit(Duration::from_secs(60)).await;
+        std::mem::swap(&mut leader, &mut follower);
+        follower = spawn().await;
+        follower.wait_ready(Duration::from_secs(300)).await;
+    }
+    let target = if services >= 10_000 { "≤ 2 s" } else { "" };
+    table.row(
+        &format!("{services} Services: acquired → all checked, queue empty"),
+        "s",
+        &checked,
+        target,
+    );
+    table.row(
+        &format!("{services} Services: SIGTERM → all checked by the new leader"),
+        "s",
+        &from_signal,
+        "",
+    );
+    table.row(
+        &format!("{services} Services: writes by the new leader"),
+        "",
+        &writes,
+        "0",
+    );
+    leader.kill();
+    follower.kill();
+}
+
+/// Polls (every 10 ms) until `replica` leads and has reconciled at least `services` keys with
+/// nothing queued or in flight.
+async fn wait_checked(replica: &Replica, services: usize, timeout: Duration) -> common::Metrics {
+    poll(
+        &format!("{} to check {services} Services", replica.identity),
+        timeout,
+        Duration::from_millis(10),
+        || async {
+            let metrics = replica.metrics().await?;
+            let leading = metrics.sum("external_endpoints_leader", "") == 1.0;
+            (leading
+                && metrics.reconciles() >= services as f64
+                && metrics.queue_depth() == 0.0
+                && metrics.in_flight() == 0.0)
+                .then_some(metrics)
+        },
+    )
+    .await
+}
+
+/// Watches the namespace's managed slices; the map holds, per endpoint address, when a slice
+/// holding it was first seen.
+fn watch_slice_addresses(
+    client: Client,
+    namespace: &str,
+) -> watch::Receiver<HashMap<String, SystemTime>> {
+    let (sender, receiver) = watch::channel(HashMap::new());
+    let api: Api<EndpointSlice> = Api::namespaced(client, namespace);
+    let config = watcher::Config::default().labels(MANAGED_BY);
+    tokio::spawn(async move {
+        let stream = watcher(api, config).default_backoff().applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            let Ok(slice) = event else { continue };
+            let now = SystemTime::now();
+            sender.send_modify(|seen| {
+                for endpoint in slice.endpoints.iter().flatten() {
+                    for address in &endpoint.addresses {
+                        seen.entry(address.clone()).or_insert(now);
+                    }
+                }
+            });
+        }
+    });
+    receiver
+}
+
+/// Waits until `address` has been seen in a slice; returns when.
+async fn wait_seen(
+    seen: &watch::Receiver<HashMap<String, SystemTime>>,
+    address: &str,
+    timeout: Duration,
+) -> SystemTime {
+    let mut seen = seen.clone();
+    let found = tokio::time::timeout(timeout, seen.wait_for(|map| map.contains_key(address)))
+        .await
+        .unwrap_or_else(|_| panic!("{address} not in a slice within {timeout:?}"))
+        .unwrap();
+    found[address]
+}
