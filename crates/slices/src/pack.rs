@@ -212,17 +212,20 @@ pub(crate) fn rewrite(
     endpoints: Vec<Endpoint>,
     ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
-    let mut slice = base.clone();
+    // Only the metadata is copied: the old endpoints are replaced, so cloning them is waste.
+    let mut metadata = base.metadata.clone();
     // Left out so the server keeps its own record; echoing it back could only go wrong.
-    slice.metadata.managed_fields = None;
-    slice.metadata.labels = Some(slice_labels(ctx.service, ctx.config));
+    metadata.managed_fields = None;
+    metadata.labels = Some(slice_labels(ctx.service, ctx.config));
     let (key, value) = ctx.trigger_annotation();
-    slice
-        .metadata
+    metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(key, value);
-    slice.ports = Some(endpoint_ports(&group.ports));
-    slice.endpoints = Some(endpoints);
-    slice
+    EndpointSlice {
+        address_type: base.address_type.clone(),
+        endpoints: Some(endpoints),
+        metadata,
+        ports: Some(endpoint_ports(&group.ports)),
+    }
 }
