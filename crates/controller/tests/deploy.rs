@@ -430,6 +430,16 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
         Some(403),
         "deleting its own Lease"
     );
+    let patch = Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}));
+    assert_eq!(
+        refusal(
+            own_leases
+                .patch(LEASE_NAME, &PatchParams::default(), &patch)
+                .await
+        ),
+        Some(403),
+        "patching its Lease (it replaces, guarded by resourceVersion)"
+    );
     // ...and, for contrast, what it does.
     assert_eq!(refusal(own_leases.get(LEASE_NAME).await), None);
     let slices: Api<EndpointSlice> = Api::namespaced(token.clone(), elsewhere);
