@@ -26,7 +26,8 @@ pub use crate::types::{Condition, ExternalWorkloadStatus, MeshTls, PortSpec, Wor
     derive = "PartialEq",
     derive = "Default",
     doc = "A workload outside the cluster that joins the mesh; Services select it by its labels.",
-    printcolumn = r#"{"name": "IPs", "type": "string", "jsonPath": ".spec.workloadIPs[*].ip", "description": "Workload IP addresses"}"#,
+    // kubectl prints only the first match of a JSONPath, so each address gets its own column.
+    printcolumn = r#"{"name": "IP", "type": "string", "jsonPath": ".spec.workloadIPs[0].ip", "description": "First workload IP address"}"#,
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Whether the workload can take traffic"}"#,
     printcolumn = r#"{"name": "Identity", "type": "string", "jsonPath": ".spec.meshTls.identity", "description": "Mesh TLS identity", "priority": 1}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
