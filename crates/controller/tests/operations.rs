@@ -271,3 +271,123 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
     let errors = "external_endpoints_slice_write_errors_total";
     assert_eq!(replica.metric(errors, "").await, Ok(0.0));
 }
+
+/// Drops the CEL checks on `workloadIPs` from the installed CRD, as Linkerd's own CRD has none,
+/// and waits until the API server admits a non-IP. Only this test binary's control plane is
+/// affected, and no other test here depends on those checks.
+async fn loosen_workload_ip_validation(cluster: &Cluster) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{DeleteParams, PostParams};
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+    let name = "externalworkloads.workload.linkerd.io";
+    eventually("the CRD update", CONVERGE, || async {
+        let crd = crds.get(name).await.map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(&crd).map_err(|e| e.to_string())?;
+        for version in value["spec"]["versions"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            let ips = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                ["workloadIPs"];
+            if let Some(ips) = ips.as_object_mut() {
+                ips.remove("x-kubernetes-validations");
+            }
+            let ip = &mut ips["items"]["properties"]["ip"];
+            if let Some(ip) = ip.as_object_mut() {
+                ip.remove("x-kubernetes-validations");
+            }
+        }
+        let loose: CustomResourceDefinition =
+            serde_json::from_value(value).map_err(|e| e.to_string())?;
+        crds.replace(name, &PostParams::default(), &loose)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // The schema change reaches the serving handlers shortly after; probe until it has.
+    eventually("a non-IP to be admitted", CONVERGE, || async {
+        let mut probe = vm("probe", "not-an-ip").build();
+        probe.metadata.namespace = Some(cluster.namespace.clone());
+        probe.metadata.labels = None;
+        match cluster
+            .workloads()
+            .create(&PostParams::default(), &probe)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
+    cluster
+        .workloads()
+        .delete("probe", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn non_ip_let_in_by_a_looser_crd_is_skipped_and_reported() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "invalid-ip").await;
+    loosen_workload_ip_validation(&cluster).await;
+    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading().await;
+
+    cluster.create_service(web()).await;
+    cluster
+        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
+        .await;
+    // One usable address and one that is not an IP: the first is published, the second not.
+    cluster
+        .apply_workload(
+            vm("vm-2", "10.0.0.2")
+                .ip("vm-2.example.com")
+                .port("http", 8080)
+                .ready(),
+        )
+        .await;
+    cluster
+        .apply_workload(vm("vm-3", "bogus").port("http", 8080).ready())
+        .await;
+    cluster.wait_converged().await;
+    let endpoints = cluster.endpoints_of("web").await;
+    assert_eq!(endpoints["vm-1"], (vec!["10.0.0.1".to_string()], true));
+    assert_eq!(endpoints["vm-2"], (vec!["10.0.0.2".to_string()], true));
+    assert!(!endpoints.contains_key("vm-3"), "{endpoints:?}");
+    for slice in cluster.slices_of("web").await {
+        for endpoint in slice.endpoints.iter().flatten() {
+            for address in &endpoint.addresses {
+                assert!(address.parse::<std::net::IpAddr>().is_ok(), "{address}");
+            }
+        }
+    }
+
+    let reported = eventually(
+        "one InvalidWorkloadIP Event per workload",
+        CONVERGE,
+        || async {
+            let events = events(&cluster, "web", "InvalidWorkloadIP").await;
+            let mut related: Vec<String> = events
+                .iter()
+                .filter_map(|e| e.related.as_ref().and_then(|r| r.name.clone()))
+                .collect();
+            related.sort();
+            if related == ["vm-2", "vm-3"] {
+                Ok(events)
+            } else {
+                Err(format!("related {related:?}"))
+            }
+        },
+    )
+    .await;
+    for event in &reported {
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+    }
+    let invalid = counter(&replica, INVALID_DATA, "reason=\"invalid_ip\"").await;
+    assert!(invalid >= 2.0, "{invalid}");
+    assert_eq!(counter(&replica, EVENTS_PUBLISHED, "").await, 2.0);
+}
