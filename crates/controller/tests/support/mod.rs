@@ -3,6 +3,9 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the failure report
 
+pub mod chaos;
+pub mod proxy;
+
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
