@@ -122,6 +122,53 @@ async fn kustomization_lists_every_manifest() {
     assert_eq!(listed, files);
 }
 
+/// `kubectl apply -k deploy/` as documented: kustomize builds exactly the objects of the listed
+/// files and the API server accepts all of them in a server-side dry run.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_passes_a_server_side_dry_run() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let Some(kubectl) = testbed.binaries().kubectl.clone() else {
+        eprintln!("no kubectl next to the testbed binaries; skipped");
+        return;
+    };
+    let kubectl = |args: &[&str]| {
+        let output = std::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(testbed.kubeconfig_path())
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "kubectl {args:?}:\n{stdout}\n{stderr}"
+        );
+        stdout
+    };
+    let deploy = deploy_dir();
+    let deploy = deploy.to_str().unwrap();
+    let expected: usize = (kustomization_resources().iter())
+        .map(|file| manifests(file).len())
+        .sum();
+    let built = kubectl(&["kustomize", deploy]);
+    let built = serde_yaml::Deserializer::from_str(&built).count();
+    assert_eq!(built, expected, "objects built by kustomize");
+    // The namespace first, for real, as in `every_manifest_passes_a_server_side_dry_run`.
+    let namespace = deploy_dir().join("namespace.yaml");
+    kubectl(&["apply", "--server-side", "-f", namespace.to_str().unwrap()]);
+    let applied = kubectl(&["apply", "-k", deploy, "--server-side", "--dry-run=server"]);
+    assert_eq!(
+        applied
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count(),
+        expected,
+        "{applied}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_manifest_passes_a_server_side_dry_run() {
     let testbed = testbed::require!();
