@@ -98,8 +98,20 @@ fn service() -> impl Strategy<Value = Service> {
         any::<bool>(),
         any::<bool>(),
         prop::bool::weighted(0.2),
+        prop::sample::select(
+            &[
+                "selector",
+                "selector",
+                "selector",
+                "selector",
+                "selector",
+                "selector",
+                "none",
+                "external-name",
+            ][..],
+        ),
     )
-        .prop_map(|(families, headless, publish, team_label)| {
+        .prop_map(|(families, headless, publish, team_label, selection)| {
             let mut s = Svc::named("web")
                 .selector("app", "web")
                 .port("http", 80, "http")
@@ -116,6 +128,11 @@ fn service() -> impl Strategy<Value = Service> {
             }
             if team_label {
                 s = s.label("team", "a");
+            }
+            match selection {
+                "none" => s = s.no_selector(),
+                "external-name" => s = s.external_name(),
+                _ => {}
             }
             s.build()
         })
@@ -187,6 +204,12 @@ fn expected_endpoints(
         _ => vec!["IPv4".into(), "IPv6".into()],
     };
     let mut expected = BTreeMap::new();
+    let spec = service.spec.as_ref();
+    if spec.and_then(|s| s.selector.as_ref()).is_none()
+        || spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName")
+    {
+        return expected;
+    }
     for w in workloads {
         let selected = w.metadata.namespace.as_deref() == Some("default")
             && w.metadata
