@@ -391,3 +391,54 @@ async fn non_ip_let_in_by_a_looser_crd_is_skipped_and_reported() {
     assert!(invalid >= 2.0, "{invalid}");
     assert_eq!(counter(&replica, EVENTS_PUBLISHED, "").await, 2.0);
 }
+
+/// docs/operations.md lists every metric a replica serves, by the name a query uses
+/// (`_total` for counters), and no metric that does not exist.
+#[tokio::test(flavor = "multi_thread")]
+async fn operations_guide_lists_every_metric_served() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "metric-docs").await;
+    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading().await;
+    // The reconcile histogram has no series (and no TYPE line) before the first reconcile.
+    cluster.create_service(web()).await;
+    let reconciled = "external_endpoints_reconcile_duration_seconds_count";
+    let body = eventually("a reconcile", CONVERGE, || async {
+        let (_, body) = replica.get("/metrics").await?;
+        match support::sum_metric(&body, reconciled, "") {
+            Some(count) if count >= 1.0 => Ok(body),
+            other => Err(format!("{reconciled}: {other:?}")),
+        }
+    })
+    .await;
+    let served: std::collections::BTreeSet<String> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| {
+            let (family, kind) = line.split_once(' ')?;
+            Some(match kind {
+                "counter" => format!("{family}_total"),
+                _ => family.to_string(),
+            })
+        })
+        .collect();
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
+    )
+    .unwrap();
+    let documented: std::collections::BTreeSet<String> = guide
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|code| {
+            (code.starts_with("external_endpoints_") || code.starts_with("process_"))
+                && code.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(str::to_string)
+        .collect();
+    let missing: Vec<_> = served.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&served).collect();
+    assert!(missing.is_empty(), "served but not documented: {missing:?}");
+    assert!(unknown.is_empty(), "documented but not served: {unknown:?}");
+}
