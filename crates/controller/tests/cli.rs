@@ -292,3 +292,48 @@ fn valid_flags_get_past_validation_to_the_cluster() {
     );
     assert!(still_running, "it keeps retrying an unreachable cluster");
 }
+
+/// docs/operations.md documents exactly the flags `--help` lists, each with the same default.
+#[test]
+fn operations_guide_documents_every_flag_and_default() {
+    let output = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(output.stdout).unwrap();
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
+    )
+    .unwrap();
+    // Rows of the flags table: | `--flag` | env | default | meaning |
+    let rows: Vec<Vec<&str>> = guide
+        .lines()
+        .filter(|line| line.starts_with("| `--"))
+        .map(|line| line.split('|').map(str::trim).collect())
+        .collect();
+    let documented: Vec<&str> = rows.iter().map(|r| r[1].trim_matches('`')).collect();
+    let listed: Vec<String> = help
+        .lines()
+        .filter(|line| line.trim_start().starts_with("--"))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert_eq!(
+        documented, listed,
+        "the guide's flags table, in --help order"
+    );
+    for row in &rows {
+        let flag = row[1].trim_matches('`');
+        let section = flag_section(&help, flag).unwrap();
+        let default = section
+            .split("[default: ")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next());
+        if let Some(default) = default {
+            assert!(
+                row[3].contains(&format!("`{default}`")),
+                "{flag}: the guide should give the default `{default}`: {}",
+                row[3]
+            );
+        }
+    }
+}
