@@ -370,6 +370,10 @@ async fn flap(world: &mut World, members: &mut [Member]) {
     let step_downs = metric("external_endpoints_leader_step_downs_total").await;
     let term = metric("external_endpoints_leader_term").await;
     let failures = metric("external_endpoints_lease_renew_failures_total").await;
+    let mut acquisitions = Vec::new();
+    for member in members.iter() {
+        acquisitions.push(acquisitions_of(&member.replica).await);
+    }
     let mut churn = world.churn(CHANGES);
     churn.wait_for(BEFORE_FAULT).await;
 
@@ -409,17 +413,22 @@ async fn flap(world: &mut World, members: &mut [Member]) {
         step_downs
     );
     assert_eq!(metric("external_endpoints_leader_term").await, term);
-    for member in members.iter() {
-        if member.replica.identity != leader.replica.identity {
-            let acquisitions = member
-                .replica
-                .metric("external_endpoints_leader_acquisitions_total", "")
-                .await
-                .unwrap();
-            assert_eq!(acquisitions, 0.0, "{} led", member.replica.identity);
-        }
+    for (member, before) in members.iter().zip(&acquisitions) {
+        let after = acquisitions_of(&member.replica).await;
+        assert_eq!(
+            after, *before,
+            "{} acquired the lease",
+            member.replica.identity
+        );
     }
     world.settle(churn).await;
+}
+
+async fn acquisitions_of(replica: &Replica) -> f64 {
+    replica
+        .metric("external_endpoints_leader_acquisitions_total", "")
+        .await
+        .unwrap()
 }
 
 // === tests ===
