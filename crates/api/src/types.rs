@@ -40,12 +40,15 @@ pub struct PortSpec {
     pub port: i32,
 
     /// Optional IANA service name; a Service's named targetPort resolves against it.
+    ///
+    /// Not pattern-checked by the schema: Linkerd's CRD accepts any string here, and an object
+    /// it accepts must stay accepted (its IPs and other ports are still usable). A name that is
+    /// not a valid IANA service name can never match a Service's targetPort, so it is inert.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "lenient::text"
     )]
-    #[schemars(length(max = 15), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub name: Option<String>,
 
     /// `TCP` (the default when absent), `UDP` or `SCTP`.

@@ -10,7 +10,6 @@ use leadership::{Action, Fenced, TermContext};
 use parking_lot::Mutex;
 use slices::{Freshness, ServiceKey, Tracker, plan_slices};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::{
     caches::Caches,
@@ -68,11 +67,9 @@ pub async fn reconcile<W: SliceApi>(
     context: TermContext<ServiceKey, TermState>,
     shared: Arc<Shared<W>>,
 ) -> Result<Action, ReconcileError> {
-    let span = tracing::info_span!("reconcile", service = %key, term = context.term().id());
+    // The runtime runs this inside its `reconcile{key=ns/name term=N}` span.
     let started = Instant::now();
-    let result = reconcile_inner(&key, &context, &shared)
-        .instrument(span.clone())
-        .await;
+    let result = reconcile_inner(&key, &context, &shared).await;
     let outcome = match &result {
         Ok(ReconcileOutcome::Stale) => Outcome::Stale,
         Ok(ReconcileOutcome::Fenced) => Outcome::Fenced,
@@ -90,7 +87,7 @@ pub async fn reconcile<W: SliceApi>(
         Ok(ReconcileOutcome::Fenced) => Ok(Action::RequeueAfter(FENCED_RETRY)),
         Ok(ReconcileOutcome::Conflict) => Ok(Action::RequeueAfter(CONFLICT_RETRY)),
         Err(error) => {
-            tracing::warn!(parent: &span, %error, "reconcile failed; will retry");
+            tracing::warn!(%error, "reconcile failed; will retry");
             Err(error)
         }
     }

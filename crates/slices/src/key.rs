@@ -5,7 +5,8 @@ use std::fmt;
 use k8s_openapi::api::core::v1::Service;
 
 /// Identifies one Service: the unit of planning, queueing and tracking.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Its `Debug` form is `namespace/name` too, so log fields of generic code read naturally.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
     /// Namespace of the Service.
     pub namespace: String,
@@ -30,6 +31,12 @@ impl ServiceKey {
             service.metadata.namespace.clone().unwrap_or_default(),
             service.metadata.name.clone().unwrap_or_default(),
         )
+    }
+}
+
+impl fmt::Debug for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 
