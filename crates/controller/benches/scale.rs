@@ -8,7 +8,8 @@
 //! (acquisition → every Service checked, writes made).
 //!
 //! `cargo bench -p external-endpoints --bench scale`. Knobs (environment): `SCALE_SERVICES`
-//! (10000), `SCALE_PER_SERVICE` (5), `SCALE_NAMESPACES` (4), `SCALE_HANDOVERS` (3).
+//! (10000), `SCALE_PER_SERVICE` (5), `SCALE_NAMESPACES` (4), `SCALE_HANDOVERS` (3),
+//! `SCALE_HOLD_SECS` (0: keep the populated testbed this long at the end, for profiling).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
 mod common;
@@ -241,6 +242,19 @@ async fn run() {
         services * per_service,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     ));
+    let hold = env_usize("SCALE_HOLD_SECS", 0);
+    if hold > 0 {
+        // Keep the populated control plane for manual profiling (heaptrack, perf, allocator
+        // settings) of a controller started by hand with this kubeconfig.
+        progress(
+            started,
+            format!(
+                "holding the testbed for {hold}s: --kubeconfig {}",
+                kubeconfig.display()
+            ),
+        );
+        tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+    }
     progress(started, "done");
 }
 

@@ -498,7 +498,13 @@ impl Table {
     /// Adds a row: what, n, min, median, max, target/verdict.
     pub fn row(&mut self, what: &str, unit: &str, samples: &[f64], target: &str) {
         let (min, median, max) = summary(samples);
-        let fmt = |v: f64| format!("{v:.3} {unit}");
+        let fmt = |v: f64| {
+            if unit.is_empty() {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.3} {unit}")
+            }
+        };
         self.rows.push([
             what.to_string(),
             samples.len().to_string(),
