@@ -30,6 +30,7 @@ say() { printf '[playground] %s\n' "$*" >&2; }
 
 control_plane_pid=""
 replica_pids=()
+replica_logs=()
 stopping=0
 
 # Waits up to $2 seconds for process $1 to exit.
@@ -191,6 +192,7 @@ start_replica() {
     --drain-timeout 5s \
     >"$dir/$identity.log" 2>&1 &
   replica_pids+=($!)
+  replica_logs+=("$dir/$identity.log")
 }
 start_replica playground-a "$admin_a"
 start_replica playground-b "$admin_b"
@@ -198,6 +200,13 @@ start_replica playground-b "$admin_b"
 # web: one IPv4 slice; api: one IPv4 and one IPv6 slice.
 deadline=$((SECONDS + 30))
 while true; do
+  for index in 0 1; do
+    if ! kill -0 "${replica_pids[$index]}" 2>/dev/null; then
+      say "a replica exited at start-up (admin port in use? set PLAYGROUND_ADMIN_A/B):"
+      tail -n 20 "${replica_logs[$index]}" >&2
+      exit 1
+    fi
+  done
   slices="$(kubectl get endpointslices -n "$demo" -o name \
     -l endpointslice.kubernetes.io/managed-by=linkerd-external-workloads-controller | wc -l)"
   ((slices >= 3)) && break
