@@ -442,3 +442,40 @@ async fn operations_guide_lists_every_metric_served() {
     assert!(missing.is_empty(), "served but not documented: {missing:?}");
     assert!(unknown.is_empty(), "documented but not served: {unknown:?}");
 }
+
+/// The contrast to `leader_and_standby_are_both_ready_once_synced`: a replica whose caches cannot
+/// sync (its API server is a closed port) is live but not ready, and does not lead.
+#[tokio::test(flavor = "multi_thread")]
+async fn replica_that_cannot_sync_is_live_but_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let kubeconfig = dir.path().join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
+    );
+    std::fs::write(&kubeconfig, text).unwrap();
+    let replica = Replica::start_with(&kubeconfig, "unsynced", &[]).await;
+    // Several scrapes over the watches' first retries: never ready, always live.
+    for _ in 0..5 {
+        assert_eq!(replica.get("/live").await.unwrap().0, 200);
+        assert_eq!(replica.get("/ready").await.unwrap().0, 503);
+        assert_eq!(
+            replica.metric("external_endpoints_leader", "").await,
+            Ok(0.0)
+        );
+    }
+    eventually("watch errors to be counted", CONVERGE, || async {
+        match replica
+            .metric("external_endpoints_watch_errors_total", "")
+            .await?
+        {
+            errors if errors >= 1.0 => Ok(()),
+            errors => Err(format!("{errors}")),
+        }
+    })
+    .await;
+    assert_eq!(replica.get("/ready").await.unwrap().0, 503);
+}
