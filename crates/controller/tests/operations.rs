@@ -479,3 +479,55 @@ async fn replica_that_cannot_sync_is_live_but_not_ready() {
     .await;
     assert_eq!(replica.get("/ready").await.unwrap().0, 503);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workload_name_that_cannot_be_a_hostname_is_published_without_one() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "hostname").await;
+    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading().await;
+
+    // A headless Service names its endpoints after the workloads; `db.vm-2` is a valid object
+    // name but not a DNS label.
+    cluster
+        .create_service(
+            Svc::named("db")
+                .selector("app", "db")
+                .headless()
+                .port("sql", 5432, 5432),
+        )
+        .await;
+    let db = |name: &str, ip: &str| Workload::named(name).label("app", "db").ip(ip).ready();
+    cluster.apply_workload(db("db-1", "10.0.3.1")).await;
+    cluster.apply_workload(db("db.vm-2", "10.0.3.2")).await;
+    cluster.wait_converged().await;
+
+    let hostnames: std::collections::BTreeMap<String, Option<String>> = cluster
+        .slices_of("db")
+        .await
+        .into_iter()
+        .flat_map(|slice| slice.endpoints.unwrap_or_default())
+        .map(|e| {
+            let name = e.target_ref.and_then(|r| r.name).unwrap_or_default();
+            (name, e.hostname)
+        })
+        .collect();
+    assert_eq!(hostnames["db-1"].as_deref(), Some("db-1"));
+    assert_eq!(hostnames["db.vm-2"], None, "published, without a hostname");
+
+    let event = eventually("the InvalidWorkloadHostname Event", CONVERGE, || async {
+        match events(&cluster, "db", "InvalidWorkloadHostname")
+            .await
+            .as_slice()
+        {
+            [event] => Ok(event.clone()),
+            other => Err(format!("{} events", other.len())),
+        }
+    })
+    .await;
+    let related = event.related.as_ref().and_then(|r| r.name.as_deref());
+    assert_eq!(related, Some("db.vm-2"));
+    let reason = "reason=\"invalid_hostname\"";
+    assert!(counter(&replica, INVALID_DATA, reason).await >= 1.0);
+}
