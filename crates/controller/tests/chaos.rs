@@ -167,10 +167,12 @@ async fn hand_over(world: &mut World, members: &mut Vec<Member>) {
     let status = old.replica.wait_exit(CONVERGE).await;
     let exited = Instant::now();
     assert!(status.success(), "{status}; log:\n{}", old.replica.log());
+    let log = old.replica.log();
+    let drained = log.find(r#""message":"drained""#);
+    let released = log.find(r#""message":"released the lease""#);
     assert!(
-        old.replica.log().contains("released the lease"),
-        "{}",
-        old.replica.log()
+        drained.is_some() && released.is_some() && drained < released,
+        "drained, then released the lease:\n{log}"
     );
 
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
