@@ -196,11 +196,20 @@ impl<S: LeaseStore> Candidate<S> {
         if let Some(deadline) = self.step_down_at() {
             until = until.min(deadline);
         }
+        // Taken now: `f` holds `self` until the end. A request that hangs past its bound is a
+        // failed renewal too (a blackholed network shows only as timeouts).
+        let term = self.term.as_ref().map(Term::id);
+        let metrics = self.metrics.clone();
         tokio::select! {
             () = stop.cancelled() => false,
             result = timeout_at(until, f(self)) => {
-                if result.is_err() {
-                    debug!("lease request timed out");
+                match (result.is_err(), term) {
+                    (true, Some(term)) => {
+                        ElectorMetrics::count(&metrics.counters.renew_failures);
+                        warn!(term, "renewing the lease timed out");
+                    }
+                    (true, None) => debug!("lease request timed out"),
+                    (false, _) => {}
                 }
                 result.is_ok()
             }

@@ -212,6 +212,24 @@ async fn renew_deadline_without_renewal_steps_down_before_others_can_take_over()
 }
 
 #[tokio::test(start_paused = true)]
+async fn renewals_that_hang_past_their_bound_count_as_renew_failures() {
+    // Found by the chaos tests: a blackholed leader stepped down at RenewDeadline with zero
+    // renew failures counted, because timed-out requests were not counted.
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    a_conn.hang(true);
+    sleep(RETRY * 2 + Duration::from_millis(100)).await;
+    assert!(current(&a).is_some(), "still within the grace");
+    assert!(a.metrics().renew_failures() >= 1);
+    a_conn.hang(false);
+    sleep(RETRY * 2).await;
+    assert!(current(&a).is_some(), "renewed after the hang");
+    assert_eq!(a.metrics().step_downs(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn leader_that_sees_another_holder_through_its_watch_steps_down_at_once() {
     let store = MemoryLeaseStore::new();
     let a = candidate(&store.connect(), "a");
