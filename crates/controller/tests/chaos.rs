@@ -321,6 +321,15 @@ async fn outage(world: &mut World, members: &mut [Member], mode: Mode) {
         "stopped leading {took:?} after the outage (RenewDeadline {RENEW_DEADLINE:?})"
     );
     let writes = slice_writes(&old.replica).await;
+    let failures = old
+        .replica
+        .metric("external_endpoints_lease_renew_failures_total", "")
+        .await
+        .unwrap();
+    assert!(
+        failures >= 1.0,
+        "a leader that stopped for lack of renewals counts the failed ones"
+    );
 
     let others: Vec<&Replica> = members
         .iter()
