@@ -1,11 +1,16 @@
 //! Leadership chaos on the real API server: 2–3 replicas of the real binary, a client that keeps
-//! changing workloads and Services throughout, and one fault per test (graceful exit, crash,
-//! deposition by another holder, a network cut or blackhole, a short flap, a foreign holder).
-//! After each fault the slices must be exactly what the planner computes from the final objects
-//! and must show what the client last wrote; the fault-specific guarantee is checked on the
-//! Lease record, the slices' resourceVersions and the replicas' metrics.
+//! changing workloads and Services throughout, and one fault per test, striking mid-stream:
+//! graceful exit, crash, deposition by another holder, a network cut or blackhole (through a TCP
+//! proxy in front of one replica), a flap shorter than RenewDeadline, SIGTERM while cut off, a
+//! Lease deleted by hand, a foreign holder from the start; the soak draws faults at random.
 //!
-//! A failing run prints `CHAOS_SEED=<n>`; set it to replay the same client changes.
+//! After each fault the slices must be exactly what the planner computes from the final objects
+//! and must show what the client last wrote (so every change was applied or superseded); the
+//! fault's own guarantee is checked on the Lease's history, the slices' resourceVersions and
+//! managedFields times, and the replicas' metrics. Timing assertions allow [`SLACK`] for
+//! scheduling and scraping; none depends on a sleep being long enough.
+//!
+//! A failing run prints `CHAOS_SEED=<n>`; set it to replay the same client changes and faults.
 //! `CHAOS_SOAK_ROUNDS` sets the soak's rounds (default 3).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // the faults are test code: a panic is the failure report
 
@@ -17,8 +22,8 @@ use k8s_openapi::jiff::Timestamp;
 use support::{
     CONVERGE, Cluster, Replica,
     chaos::{
-        Churn, LeaseHistory, Model, Rng, last_slice_write, lease_renew_time, release_lease,
-        slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
+        Churn, LeaseHistory, Model, Rng, delete_lease, last_slice_write, lease_renew_time,
+        release_lease, slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
     },
     eventually,
     proxy::{Mode, Proxy},
@@ -38,6 +43,10 @@ const PAUSE: Duration = Duration::from_millis(80);
 const BEFORE_FAULT: usize = 6;
 /// The replicas' reconcile workers (the default).
 const WORKERS: f64 = 4.0;
+/// The replicas' drain deadline (support's `--drain-timeout`).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// A flap: longer than RetryPeriod (one renewal attempt fails), shorter than RenewDeadline.
+const FLAP: Duration = Duration::from_millis(1200);
 
 /// One test's namespace, client model and randomness.
 struct World {
@@ -61,7 +70,9 @@ enum Fault {
     Crash,
     Deposition,
     Outage(Mode),
-    Flap,
+    Flap(Mode),
+    TerminateCutOff(Mode),
+    LeaseDeleted,
 }
 
 // === impl World ===
@@ -370,9 +381,10 @@ async fn outage(world: &mut World, members: &mut [Member], mode: Mode) {
     );
 }
 
-/// An outage shorter than RenewDeadline (cut, then restored right after the first failed
-/// renewal) causes no step-down: same term, no new step-down, no one else leads.
-async fn flap(world: &mut World, members: &mut [Member]) {
+/// An outage shorter than RenewDeadline causes no step-down: same term, no new step-down, no
+/// acquisition anywhere. It strikes right after a renewal, so it covers the next attempt (which
+/// fails, or hangs until the restore) and ends well before the one after.
+async fn flap(world: &mut World, members: &mut [Member], mode: Mode) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let leader = &members[index];
@@ -385,26 +397,29 @@ async fn flap(world: &mut World, members: &mut [Member]) {
     for member in members.iter() {
         acquisitions.push(acquisitions_of(&member.replica).await);
     }
+    let history = LeaseHistory::start(&world.cluster).await;
     let mut churn = world.churn(CHANGES);
     churn.wait_for(BEFORE_FAULT).await;
 
-    proxy.cut();
-    let cut = Instant::now();
-    eventually("a failed renewal", RENEW_DEADLINE, || async {
+    let seen = history.records().len();
+    eventually("a renewal", CONVERGE, || async {
+        match history.records().len() {
+            now if now > seen => Ok(()),
+            _ => Err("no renewal".to_string()),
+        }
+    })
+    .await;
+    proxy.set(mode);
+    tokio::time::sleep(FLAP).await;
+    proxy.restore();
+    eventually("the failed renewal to be counted", CONVERGE, || async {
         match metric("external_endpoints_lease_renew_failures_total").await {
             now if now > failures => Ok(()),
             now => Err(format!("{now} failures")),
         }
     })
     .await;
-    proxy.restore();
-    let outage = cut.elapsed();
     let renewed_before = lease_renew_time(&world.cluster).await;
-    eprintln!("flap: restored after {outage:?}");
-    assert!(
-        outage + RETRY_PERIOD < RENEW_DEADLINE,
-        "the outage ({outage:?}) is too long for this test's premise"
-    );
     eventually("a renewal after the outage", CONVERGE, || async {
         let renewed = lease_renew_time(&world.cluster).await;
         if renewed > renewed_before {
@@ -431,6 +446,78 @@ async fn flap(world: &mut World, members: &mut [Member]) {
             "{} acquired the lease",
             member.replica.identity
         );
+    }
+    world.settle(churn).await;
+}
+
+/// SIGTERM to a leader that is cut off: it cannot drain or release, yet exits 0 within the drain
+/// deadline (plus one bounded release attempt); a follower leads once the lease runs out.
+async fn terminate_cut_off(world: &mut World, members: &mut Vec<Member>, mode: Mode) {
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
+    let mut churn = world.churn(CHANGES);
+    churn.wait_for(BEFORE_FAULT).await;
+
+    let mut old = members.remove(index);
+    let proxy = old.proxy.as_ref().expect("the leader is proxied");
+    proxy.set(mode);
+    let cut = Instant::now();
+    old.replica.terminate();
+    let status = old.replica.wait_exit(CONVERGE).await;
+    let took = cut.elapsed();
+    eprintln!("{mode:?}, then SIGTERM: exited {status} after {took:?}");
+    assert!(status.success(), "{status}; log:\n{}", old.replica.log());
+    assert!(
+        took <= DRAIN_TIMEOUT + RETRY_PERIOD + SLACK,
+        "exited {took:?} after SIGTERM"
+    );
+
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    let (_, led) = wait_any_leading(&world.cluster, &replicas).await;
+    assert!(
+        led - cut + RETRY_PERIOD + SLACK >= LEASE_DURATION,
+        "taken over before the unreleased lease ran out ({:?})",
+        led - cut
+    );
+    world.settle(churn).await;
+}
+
+/// The Lease is deleted by hand mid-stream: the leader stops at once (a definite loss), a
+/// replica re-creates the Lease and leads in a new term, and the slices converge.
+async fn lease_deleted(world: &mut World, members: &mut [Member]) {
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
+    let old = &members[index].replica;
+    let step_downs = old
+        .metric("external_endpoints_leader_step_downs_total", "")
+        .await
+        .unwrap();
+    let term = old
+        .metric("external_endpoints_leader_term", "")
+        .await
+        .unwrap();
+    let mut churn = world.churn(CHANGES);
+    churn.wait_for(BEFORE_FAULT).await;
+
+    delete_lease(&world.cluster).await;
+    eventually("the old leader to count a step-down", CONVERGE, || async {
+        let now = old
+            .metric("external_endpoints_leader_step_downs_total", "")
+            .await?;
+        if now > step_downs {
+            Ok(())
+        } else {
+            Err(format!("{now} step-downs"))
+        }
+    })
+    .await;
+    let (new, _) = wait_any_leading(&world.cluster, &replicas).await;
+    if new == index {
+        let now = old
+            .metric("external_endpoints_leader_term", "")
+            .await
+            .unwrap();
+        assert!(now > term, "re-acquired in a new term ({term} → {now})");
     }
     world.settle(churn).await;
 }
@@ -540,7 +627,56 @@ async fn outage_shorter_than_renew_deadline_causes_no_step_down() {
         .clone()
         .wait_reflected(&world.cluster, None)
         .await;
-    flap(&mut world, &mut members).await;
+    flap(&mut world, &mut members, Mode::Cut).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn blackhole_shorter_than_renew_deadline_causes_no_step_down() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let mut world = World::new(testbed, "chaos-flap-blackhole").await;
+    let mut members = vec![world.member(true).await];
+    members[0].replica.wait_leading().await;
+    members.push(world.member(false).await);
+    world
+        .model
+        .clone()
+        .wait_reflected(&world.cluster, None)
+        .await;
+    flap(&mut world, &mut members, Mode::Blackhole).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn leader_terminated_while_cut_off_exits_within_drain_deadline_and_is_replaced() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let mut world = World::new(testbed, "chaos-terminate-cut").await;
+    let mut members = vec![world.member(true).await];
+    members[0].replica.wait_leading().await;
+    members.push(world.member(false).await);
+    world
+        .model
+        .clone()
+        .wait_reflected(&world.cluster, None)
+        .await;
+    terminate_cut_off(&mut world, &mut members, Mode::Blackhole).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_lease_ends_the_term_at_once_and_a_new_term_converges() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let mut world = World::new(testbed, "chaos-lease-deleted").await;
+    let mut members = Vec::new();
+    for _ in 0..2 {
+        members.push(world.member(false).await);
+    }
+    world
+        .model
+        .clone()
+        .wait_reflected(&world.cluster, None)
+        .await;
+    lease_deleted(&mut world, &mut members).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -602,7 +738,11 @@ async fn soak_random_faults_converge_every_round() {
         Fault::Deposition,
         Fault::Outage(Mode::Cut),
         Fault::Outage(Mode::Blackhole),
-        Fault::Flap,
+        Fault::Flap(Mode::Cut),
+        Fault::Flap(Mode::Blackhole),
+        Fault::TerminateCutOff(Mode::Cut),
+        Fault::TerminateCutOff(Mode::Blackhole),
+        Fault::LeaseDeleted,
     ];
     let started = Instant::now();
     for round in 0..rounds {
@@ -613,7 +753,9 @@ async fn soak_random_faults_converge_every_round() {
             Fault::Crash => crash(&mut world, &mut members).await,
             Fault::Deposition => deposition(&mut world, &mut members).await,
             Fault::Outage(mode) => outage(&mut world, &mut members, mode).await,
-            Fault::Flap => flap(&mut world, &mut members).await,
+            Fault::Flap(mode) => flap(&mut world, &mut members, mode).await,
+            Fault::TerminateCutOff(mode) => terminate_cut_off(&mut world, &mut members, mode).await,
+            Fault::LeaseDeleted => lease_deleted(&mut world, &mut members).await,
         }
         while members.len() < 3 {
             members.push(world.member(true).await);

@@ -15,7 +15,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    api::{ListParams, PostParams, WatchEvent, WatchParams},
+    api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
     config::Kubeconfig,
 };
 use slices::testing::{Svc, Workload};
@@ -528,6 +528,15 @@ async fn update_lease(cluster: &Cluster, change: impl Fn(&mut LeaseSpec)) {
         written.map(|_| ()).map_err(|e| e.to_string())
     })
     .await
+}
+
+/// Deletes the Lease, as an operator might by hand.
+pub async fn delete_lease(cluster: &Cluster) {
+    cluster
+        .leases()
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 /// The Lease's renewTime (None without a Lease).
