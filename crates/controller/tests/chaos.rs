@@ -19,6 +19,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, PostParams};
 use support::{
     CONVERGE, Cluster, Replica,
     chaos::{
@@ -304,11 +305,34 @@ async fn deposition(world: &mut World, members: &mut [Member]) {
         .unwrap();
     eprintln!("deposition: the old leader's fence refused {fenced} writes");
 
+    // The intruder also deletes one managed slice and empties another (the stale-tracker
+    // scenario): whoever leads next must rewrite them, not wait for its cache forever.
+    tamper_with_slices(&world.cluster).await;
+
     release_lease(&world.cluster).await;
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     wait_any_leading(&world.cluster, &replicas).await;
     let model = world.model.clone();
     model.wait_reflected(&world.cluster, None).await;
+}
+
+/// Deletes the first managed slice and empties the endpoints of the last, if there are two.
+async fn tamper_with_slices(cluster: &Cluster) {
+    let mut slices = cluster.slices().await;
+    let api = cluster.slices_api();
+    if let Some(first) = slices.first() {
+        let name = first.metadata.name.clone().unwrap();
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    if slices.len() > 1
+        && let Some(mut last) = slices.pop()
+    {
+        last.endpoints = Some(Vec::new());
+        let name = last.metadata.name.clone().unwrap();
+        api.replace(&name, &PostParams::default(), &last)
+            .await
+            .unwrap();
+    }
 }
 
 /// The leader's network is cut (or blackholed) mid-stream: it stops leading within

@@ -115,9 +115,9 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    /// Uniform in `0..n`.
+    /// Uniform in `0..n` (from the high bits, the better ones of xorshift).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (((self.next() >> 32) * n as u64) >> 32) as usize
     }
 
     /// An independent generator (for a background task).
