@@ -185,7 +185,16 @@ async fn handover(
             )
             .await;
             leader.wait_exit(Duration::from_secs(30)).await;
-            let writes = follower.metrics().await.map_or(0.0, |m| m.writes());
+            // The slice can be seen through the watch before the writer has counted the
+            // accepted write: give the counter a moment.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut writes = 0.0;
+            while writes < 1.0 && Instant::now() < deadline {
+                writes = follower.metrics().await.map_or(0.0, |m| m.writes());
+                if writes < 1.0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
             let release = leader.logged_at("released the lease");
             let line = format!(
                 "{kind} round {}: acquired +{:.3}s, slice updated +{:.3}s, new leader's writes {writes}{}",
