@@ -324,12 +324,15 @@ async fn acquire(
 
     let mut checked = Vec::new();
     let mut from_signal = Vec::new();
+    let mut cpu_used = Vec::new();
     let mut writes = Vec::new();
     for round in 0..rounds {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let cpu_before = follower.metrics().await.map_or(0.0, |m| m.cpu_seconds());
         let signalled = SystemTime::now();
         leader.terminate();
         let metrics = wait_checked(&follower, services, Duration::from_secs(120)).await;
+        let cpu = metrics.cpu_seconds() - cpu_before;
         let done = SystemTime::now();
         let acquired = follower.logged_at("acquired the lease").unwrap();
         let reconciles = metrics.reconciles();
@@ -337,7 +340,7 @@ async fn acquire(
         progress(
             started,
             format!(
-                "acquire {services} round {}: all checked {:.3}s after acquiring ({:.3}s after SIGTERM), {reconciles} reconciles, {} queue adds, {round_writes} writes",
+                "acquire {services} round {}: all checked {:.3}s after acquiring ({:.3}s after SIGTERM, {cpu:.2}s CPU), {reconciles} reconciles, {} queue adds, {round_writes} writes",
                 round + 1,
                 seconds_between(acquired, done),
                 seconds_between(signalled, done),
@@ -346,6 +349,7 @@ async fn acquire(
         );
         checked.push(seconds_between(acquired, done));
         from_signal.push(seconds_between(signalled, done));
+        cpu_used.push(cpu);
         writes.push(round_writes);
         leader.wait_exit(Duration::from_secs(60)).await;
         std::mem::swap(&mut leader, &mut follower);
@@ -363,6 +367,12 @@ async fn acquire(
         &format!("{services} Services: SIGTERM → all checked by the new leader"),
         "s",
         &from_signal,
+        "",
+    );
+    table.row(
+        &format!("{services} Services: new leader's CPU time, SIGTERM → all checked"),
+        "s",
+        &cpu_used,
         "",
     );
     table.row(

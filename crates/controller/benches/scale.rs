@@ -192,18 +192,21 @@ async fn run() {
     // Hand-overs at this size: acquisition with correct slices in place.
     let mut checked = Vec::new();
     let mut writes = Vec::new();
+    let mut cpu_used = Vec::new();
     let mut new_leader_rss = Vec::new();
     for round in 0..handovers {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let cpu_before = follower.metrics().await.map_or(0.0, |m| m.cpu_seconds());
         leader.terminate();
         let metrics = wait_checked(&follower, services, Duration::from_secs(300), started).await;
+        let cpu = metrics.cpu_seconds() - cpu_before;
         let done = SystemTime::now();
         let acquired = follower.logged_at("acquired the lease").unwrap();
         let (rss, _) = follower.rss();
         progress(
             started,
             format!(
-                "hand-over {}: all {services} checked {:.3}s after acquiring, {} reconciles, {} writes, RSS {:.1} MiB",
+                "hand-over {}: all {services} checked {:.3}s after acquiring ({cpu:.2}s CPU), {} reconciles, {} writes, RSS {:.1} MiB",
                 round + 1,
                 seconds_between(acquired, done),
                 metrics.reconciles(),
@@ -212,6 +215,7 @@ async fn run() {
             ),
         );
         checked.push(seconds_between(acquired, done));
+        cpu_used.push(cpu);
         writes.push(metrics.writes());
         new_leader_rss.push(rss as f64 / MIB);
         leader.wait_exit(Duration::from_secs(60)).await;
@@ -225,6 +229,12 @@ async fn run() {
             "s",
             &checked,
             "≤ 2 s",
+        );
+        table.row(
+            "hand-over: new leader's CPU time, SIGTERM → all checked",
+            "s",
+            &cpu_used,
+            "",
         );
         table.row("hand-over: writes by the new leader", "", &writes, "0");
         table.row(

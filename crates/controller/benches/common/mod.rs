@@ -350,6 +350,11 @@ impl Metrics {
         self.sum("external_endpoints_queue_adds_total", "")
     }
 
+    /// User + system CPU time of the process so far, in seconds (10 ms resolution).
+    pub fn cpu_seconds(&self) -> f64 {
+        self.sum("process_cpu_seconds_total", "")
+    }
+
     /// Resident memory reported by the process itself.
     pub fn rss(&self) -> f64 {
         self.sum("process_resident_memory_bytes", "")
