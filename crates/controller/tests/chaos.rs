@@ -23,8 +23,9 @@ use kube::api::{DeleteParams, PostParams};
 use support::{
     CONVERGE, Cluster, Replica,
     chaos::{
-        Churn, LeaseHistory, Model, Rng, delete_lease, last_slice_write, lease_renew_time,
-        release_lease, slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
+        Churn, LeaseHistory, Model, Rng, delete_lease, last_slice_write, lease_acquire_time,
+        lease_renew_time, log_time, release_lease, slice_versions, slice_writes, take_lease,
+        wait_any_leading, wait_gauge,
     },
     eventually,
     proxy::{Mode, Proxy},
@@ -221,6 +222,7 @@ async fn crash(world: &mut World, members: &mut Vec<Member>) {
     let mut old = members.remove(index);
     old.replica.kill();
     let killed = Instant::now();
+    let killed_at = Timestamp::now();
     let status = old.replica.wait_exit(CONVERGE).await;
     assert!(!status.success(), "killed: {status}");
 
@@ -229,10 +231,14 @@ async fn crash(world: &mut World, members: &mut Vec<Member>) {
     let took = led.saturating_duration_since(killed);
     eprintln!("crash: a follower leads {took:?} after SIGKILL");
     // The last renewal was at most a RetryPeriod before the kill, and a follower waits a full
-    // LeaseDuration from its own observation of it.
+    // LeaseDuration from its own observation of it (acquireTime: the new leader's wall clock,
+    // which is this machine's).
+    let acquired = lease_acquire_time(&world.cluster).await.unwrap();
+    // Negative (taken before the kill) counts as zero.
+    let expired_after = Duration::try_from(killed_at.duration_until(acquired)).unwrap_or_default();
     assert!(
-        took + RETRY_PERIOD + SLACK >= LEASE_DURATION,
-        "taken over before the lease ran out ({took:?})"
+        expired_after + RETRY_PERIOD >= LEASE_DURATION,
+        "taken over {expired_after:?} after the kill, before the lease ran out"
     );
     assert!(
         took <= LEASE_DURATION + RETRY_PERIOD + 2 * SLACK,
@@ -372,9 +378,17 @@ async fn outage(world: &mut World, members: &mut [Member], mode: Mode) {
         .map(|m| &m.replica)
         .collect();
     let (_, led) = wait_any_leading(&world.cluster, &others).await;
+    // Exact order, on the one wall clock of this machine: the old leader's step-down (its log)
+    // came before the new holder's acquisition (acquireTime, written by the new leader).
+    let stopped = log_time(&old.replica, "stopped leading").expect("a step-down in the log");
+    let acquired = lease_acquire_time(&world.cluster).await.unwrap();
+    eprintln!(
+        "{mode:?}: the old leader stopped {:?} before the new one acquired",
+        stopped.duration_until(acquired)
+    );
     assert!(
-        dropped < led,
-        "the old leader stopped before another started"
+        stopped < acquired,
+        "the old leader stopped at {stopped}, the new one acquired at {acquired}"
     );
     eprintln!(
         "{mode:?}: a follower leads {:?} after the outage began",

@@ -539,6 +539,16 @@ pub async fn delete_lease(cluster: &Cluster) {
         .unwrap();
 }
 
+/// The Lease's acquireTime (None without a Lease).
+pub async fn lease_acquire_time(cluster: &Cluster) -> Option<Timestamp> {
+    cluster
+        .lease()
+        .await
+        .and_then(|lease| lease.spec)
+        .and_then(|spec| spec.acquire_time)
+        .map(|time| time.0)
+}
+
 /// The Lease's renewTime (None without a Lease).
 pub async fn lease_renew_time(cluster: &Cluster) -> Option<Timestamp> {
     cluster
@@ -577,6 +587,17 @@ pub async fn last_slice_write(cluster: &Cluster) -> Option<Timestamp> {
 }
 
 // === replicas ===
+
+/// When the replica last logged `message` (its JSON log's `timestamp`, this machine's clock).
+pub fn log_time(replica: &Replica, message: &str) -> Option<Timestamp> {
+    replica
+        .log()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|entry| entry["message"] == message)
+        .filter_map(|entry| entry["timestamp"].as_str()?.parse().ok())
+        .next_back()
+}
 
 /// Successful slice writes of a replica (every operation).
 pub async fn slice_writes(replica: &Replica) -> f64 {
