@@ -31,6 +31,24 @@ pub struct Change<K> {
     pub new: Option<Arc<K>>,
 }
 
+/// A re-list in progress (see [`Cache::relist`]).
+pub struct Relist<K> {
+    fresh: Namespaces<K>,
+    listed: Vec<Arc<K>>,
+}
+
+impl<K> Relist<K> {
+    /// Objects listed so far.
+    pub fn len(&self) -> usize {
+        self.listed.len()
+    }
+
+    /// Whether nothing was listed yet.
+    pub fn is_empty(&self) -> bool {
+        self.listed.is_empty()
+    }
+}
+
 /// A namespaced cache with a per-namespace group index.
 pub struct Cache<K> {
     index: Index<K>,
@@ -49,12 +67,14 @@ struct Namespaces<K> {
 }
 
 struct Namespace<K> {
-    /// name → group, to find an object's previous group when its labels change.
-    groups_by_name: HashMap<String, String>,
+    /// name → group, to find an object's previous group when its labels change. Names and
+    /// groups are shared `Arc<str>`s: one allocation per name however many indexes hold it
+    /// (at 50k workloads, separate copies cost about 10 MB).
+    groups_by_name: HashMap<Arc<str>, Arc<str>>,
     /// group → name → object.
-    groups: HashMap<String, BTreeMap<String, Arc<K>>>,
+    groups: HashMap<Arc<str>, BTreeMap<Arc<str>, Arc<K>>>,
     /// label pair → names (only with a label index).
-    labels: HashMap<LabelPair, BTreeSet<String>>,
+    labels: HashMap<LabelPair, BTreeSet<Arc<str>>>,
 }
 
 // === impl Cache ===
@@ -179,25 +199,42 @@ impl<K: kube::Resource> Cache<K> {
         }
     }
 
-    /// Replaces the whole content after a re-list, returning the changes it amounts to: adds and
-    /// updates for listed objects (unchanged ones, by resourceVersion, are left out) and deletes
-    /// for cached objects that the list no longer holds.
-    pub fn replace(&self, objects: Vec<K>) -> Vec<Change<K>> {
-        let mut inner = self.inner.write();
-        let mut previous = std::mem::replace(
-            &mut *inner,
-            Namespaces {
+    /// Starts a re-list: objects go into a new content with [`Cache::relist_insert`] as they
+    /// arrive (no buffered copy of the list), and [`Cache::finish_relist`] swaps it in.
+    pub fn relist(&self) -> Relist<K> {
+        Relist {
+            fresh: Namespaces {
                 namespaces: HashMap::new(),
                 len: 0,
             },
-        );
-        let mut changes = Vec::new();
-        for object in objects {
-            let namespace = object.namespace().unwrap_or_default();
+            listed: Vec::new(),
+        }
+    }
+
+    /// Adds one listed object to a re-list in progress; the cache itself is unchanged.
+    pub fn relist_insert(&self, relist: &mut Relist<K>, object: K) {
+        let object = Arc::new(object);
+        // A name listed twice keeps its last version, like a cache apply.
+        if relist.fresh.insert(&self.index, object.clone()).is_some() {
             let name = object.name_any();
-            let new = Arc::new(object);
-            inner.insert(&self.index, new.clone());
-            let old = previous.remove(&self.index, &namespace, &name);
+            let namespace = object.namespace();
+            relist
+                .listed
+                .retain(|o| o.name_any() != name || o.namespace() != namespace);
+        }
+        relist.listed.push(object);
+    }
+
+    /// Replaces the whole content with the re-list, returning the changes it amounts to: adds
+    /// and updates for listed objects (unchanged ones, by resourceVersion, are left out) and
+    /// deletes for cached objects that the list no longer holds.
+    pub fn finish_relist(&self, relist: Relist<K>) -> Vec<Change<K>> {
+        let Relist { fresh, listed } = relist;
+        let mut previous = std::mem::replace(&mut *self.inner.write(), fresh);
+        let mut changes = Vec::new();
+        for new in listed {
+            let namespace = new.namespace().unwrap_or_default();
+            let old = previous.remove(&self.index, &namespace, &new.name_any());
             let unchanged = old.as_ref().is_some_and(|old| {
                 old.meta().resource_version.is_some()
                     && old.meta().resource_version == new.meta().resource_version
@@ -221,6 +258,15 @@ impl<K: kube::Resource> Cache<K> {
         }
         changes
     }
+
+    /// Replaces the whole content with `objects` (a re-list in one call).
+    pub fn replace(&self, objects: Vec<K>) -> Vec<Change<K>> {
+        let mut relist = self.relist();
+        for object in objects {
+            self.relist_insert(&mut relist, object);
+        }
+        self.finish_relist(relist)
+    }
 }
 
 impl<K: kube::Resource> Default for Cache<K> {
@@ -234,7 +280,7 @@ impl<K: kube::Resource> Default for Cache<K> {
 impl<K: kube::Resource> Namespaces<K> {
     fn insert(&mut self, index: &Index<K>, object: Arc<K>) -> Option<Arc<K>> {
         let namespace = object.namespace().unwrap_or_default();
-        let name = object.name_any();
+        let name: Arc<str> = Arc::from(object.name_any());
         let group = (index.group_of)(&object);
         let old = self.remove(index, &namespace, &name);
         let ns = self
@@ -250,6 +296,11 @@ impl<K: kube::Resource> Namespaces<K> {
                 ns.labels.entry(pair).or_default().insert(name.clone());
             }
         }
+        // Objects of one group share the group's name.
+        let group: Arc<str> = match ns.groups.get_key_value(group.as_str()) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(group),
+        };
         ns.groups_by_name.insert(name.clone(), group.clone());
         ns.groups.entry(group).or_default().insert(name, object);
         self.len += 1;

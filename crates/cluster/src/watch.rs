@@ -15,17 +15,75 @@ use kube::{
 use prometheus_client::metrics::counter::Counter;
 use tokio_util::sync::CancellationToken;
 
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
 use crate::cache::{Cache, Change};
 
-/// Removes what the controller never reads from a cached object, to keep memory low at scale:
-/// managedFields (often the largest part of an object) and the last-applied annotation.
-pub fn strip<K: Resource>(object: &mut K) {
+/// What a cached object can shed: the fields the controller never reads. Memory at scale is
+/// dominated by the cached objects themselves (docs/benchmarks.md, "Scale and memory"), so each
+/// kind drops what neither the planner nor the event mapping looks at.
+pub trait Strip: Resource {
+    /// Drops unread fields in place.
+    fn strip(&mut self) {
+        strip_meta(self);
+    }
+}
+
+/// Every kind: managedFields (often the largest part of an object) and the last-applied
+/// annotation.
+fn strip_meta<K: Resource + ?Sized>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
         if annotations.is_empty() {
             meta.annotations = None;
+        }
+    }
+}
+
+// === impl Strip ===
+
+impl Strip for Service {
+    /// Status and annotations are never read (slices copy the Service's labels only).
+    fn strip(&mut self) {
+        strip_meta(self);
+        self.metadata.annotations = None;
+        self.status = None;
+    }
+}
+
+impl Strip for ExternalWorkload {
+    /// The mesh identity is not used for slices; of the status only the Ready condition's
+    /// status is read.
+    fn strip(&mut self) {
+        strip_meta(self);
+        self.metadata.annotations = None;
+        self.spec.mesh_tls = Default::default();
+        if let Some(status) = self.status.as_mut() {
+            status
+                .conditions
+                .retain(|c| c.type_ == api::READY_CONDITION);
+            for condition in &mut status.conditions {
+                *condition = api::v1beta1::Condition {
+                    type_: std::mem::take(&mut condition.type_),
+                    status: std::mem::take(&mut condition.status),
+                    ..Default::default()
+                };
+            }
+            status.conditions.shrink_to_fit();
+        }
+    }
+}
+
+impl Strip for EndpointSlice {
+    /// Annotations stay (an update carries them over); the endpoint list gives back the spare
+    /// capacity left by decoding.
+    fn strip(&mut self) {
+        strip_meta(self);
+        if let Some(endpoints) = self.endpoints.as_mut() {
+            endpoints.shrink_to_fit();
         }
     }
 }
@@ -41,15 +99,15 @@ pub async fn run<K, D>(
     errors: Counter,
     shutdown: CancellationToken,
 ) where
-    K: Resource + Clone + Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
+    K: Strip + Clone + Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
     K::DynamicType: Default,
     D: FnMut(Change<K>),
 {
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, config).default_backoff().modify(strip::<K>);
+    let stream = watcher(api, config).default_backoff().modify(Strip::strip);
     futures::pin_mut!(stream);
     let mut on_synced = Some(on_synced);
-    let mut listing: Option<Vec<K>> = None;
+    let mut listing = None;
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -67,12 +125,15 @@ pub async fn run<K, D>(
         match event {
             watcher::Event::Apply(object) => dispatch(cache.apply(object)),
             watcher::Event::Delete(object) => dispatch(cache.delete(object)),
-            watcher::Event::Init => listing = Some(Vec::new()),
-            watcher::Event::InitApply(object) => listing.get_or_insert_with(Vec::new).push(object),
+            watcher::Event::Init => listing = Some(cache.relist()),
+            watcher::Event::InitApply(object) => {
+                let relist = listing.get_or_insert_with(|| cache.relist());
+                cache.relist_insert(relist, object);
+            }
             watcher::Event::InitDone => {
-                let objects = listing.take().unwrap_or_default();
-                let count = objects.len();
-                for change in cache.replace(objects) {
+                let relist = listing.take().unwrap_or_else(|| cache.relist());
+                let count = relist.len();
+                for change in cache.finish_relist(relist) {
                     dispatch(change);
                 }
                 tracing::debug!(%kind, objects = count, "list complete");
@@ -82,5 +143,48 @@ pub async fn run<K, D>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use slices::testing::{Svc, Workload};
+
+    use super::*;
+
+    #[test]
+    fn stripped_workload_keeps_what_the_planner_reads() {
+        let mut workload: ExternalWorkload = Workload::named("vm-1")
+            .label("app", "web")
+            .ip("10.0.0.1")
+            .port("http", 8080)
+            .ready()
+            .build();
+        let before = workload.clone();
+        workload.strip();
+        assert!(workload.is_ready());
+        assert_eq!(workload.spec.workload_ips, before.spec.workload_ips);
+        assert_eq!(workload.spec.ports, before.spec.ports);
+        assert_eq!(workload.metadata.labels, before.metadata.labels);
+        assert!(workload.spec.mesh_tls.identity.is_empty());
+        let plan_inputs_equal = |a: &ExternalWorkload, b: &ExternalWorkload| {
+            a.is_ready() == b.is_ready() && a.zone() == b.zone() && a.metadata.uid == b.metadata.uid
+        };
+        assert!(plan_inputs_equal(&workload, &before));
+    }
+
+    #[test]
+    fn stripped_service_keeps_spec_and_labels() {
+        let mut service: Service = Svc::named("web")
+            .selector("app", "web")
+            .label("team", "x")
+            .port("http", 80, "http")
+            .build();
+        service.metadata.annotations = Some([("note".to_string(), "x".to_string())].into());
+        let before = service.clone();
+        service.strip();
+        assert_eq!(service.spec, before.spec);
+        assert_eq!(service.metadata.labels, before.metadata.labels);
+        assert!(service.metadata.annotations.is_none());
     }
 }
