@@ -25,7 +25,7 @@ mod world;
 use tokio::time::Instant;
 
 use faults::{crash, deposition, hand_over, lease_deleted};
-use network::{flap, outage, terminate_cut_off};
+use network::{connection_resets, flap, outage, terminate_cut_off};
 use support::{
     Replica,
     chaos::{release_lease, slice_writes, take_lease, wait_any_leading},
@@ -43,6 +43,7 @@ enum Fault {
     Flap(Mode),
     TerminateCutOff(Mode),
     LeaseDeleted,
+    ConnectionResets,
 }
 
 // === tests ===
@@ -129,6 +130,15 @@ async fn deleted_lease_ends_the_term_at_once_and_a_new_term_converges() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn connections_reset_again_and_again_lose_no_change_on_leader_or_follower() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let mut world = World::new(testbed, "chaos-resets").await;
+    let mut members = world.start(&[true; 2]).await;
+    connection_resets(&mut world, &mut members).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn nothing_is_written_while_a_foreign_holder_keeps_the_lease_then_everything_is() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
@@ -184,6 +194,7 @@ async fn soak_random_faults_converge_every_round() {
         Fault::TerminateCutOff(Mode::Cut),
         Fault::TerminateCutOff(Mode::Blackhole),
         Fault::LeaseDeleted,
+        Fault::ConnectionResets,
     ];
     let started = Instant::now();
     for round in 0..rounds {
@@ -197,6 +208,7 @@ async fn soak_random_faults_converge_every_round() {
             Fault::Flap(mode) => flap(&mut world, &mut members, mode).await,
             Fault::TerminateCutOff(mode) => terminate_cut_off(&mut world, &mut members, mode).await,
             Fault::LeaseDeleted => lease_deleted(&mut world, &mut members).await,
+            Fault::ConnectionResets => connection_resets(&mut world, &mut members).await,
         }
         while members.len() < 3 {
             members.push(world.member(true).await);

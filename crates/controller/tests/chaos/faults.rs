@@ -11,8 +11,8 @@ use crate::{
     support::{
         CONVERGE, Cluster, Replica,
         chaos::{
-            LeaseHistory, delete_lease, last_slice_write, lease_acquire_time, release_lease,
-            slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
+            LeaseHistory, delete_lease, last_slice_write, lease_acquire_time, log_time,
+            release_lease, slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
         },
         eventually,
     },
@@ -47,7 +47,17 @@ pub async fn hand_over(world: &mut World, members: &mut Vec<Member>) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (new, led) = wait_any_leading(&world.cluster, &replicas).await;
     let took = led.saturating_duration_since(exited);
-    eprintln!("hand-over: a follower leads {took:?} after the old leader exited");
+    let signalled = log_time(
+        &old.replica,
+        "shutting down: draining, then releasing the lease",
+    );
+    let acquired = lease_acquire_time(&world.cluster).await;
+    eprintln!(
+        "hand-over: a follower leads {took:?} after the old leader exited, {:?} after SIGTERM",
+        signalled
+            .zip(acquired)
+            .map(|(from, to)| from.duration_until(to))
+    );
     assert!(
         took < LEASE_DURATION,
         "a released lease is taken without waiting for it to expire ({took:?})"

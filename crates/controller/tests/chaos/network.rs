@@ -1,6 +1,6 @@
 //! Faults of the network between one replica and the API server, through its [`Proxy`]: an
-//! outage (cut or blackhole) longer than RenewDeadline, a flap shorter than it, and SIGTERM
-//! while cut off.
+//! outage (cut or blackhole) longer than RenewDeadline, a flap shorter than it, SIGTERM while
+//! cut off, and connections reset again and again.
 //!
 //! [`Proxy`]: crate::support::proxy::Proxy
 
@@ -18,7 +18,7 @@ use crate::{
     },
     world::{
         BEFORE_FAULT, CHANGES, DRAIN_TIMEOUT, FLAP, LEASE_DURATION, Member, RENEW_DEADLINE,
-        RETRY_PERIOD, SLACK, World, acquisitions_of,
+        RESET_EVERY, RETRY_PERIOD, SLACK, World, acquisitions_of,
     },
 };
 
@@ -199,4 +199,50 @@ pub async fn terminate_cut_off(world: &mut World, members: &mut Vec<Member>, mod
         led - cut
     );
     world.settle(churn).await;
+}
+
+/// Every replica's connections are reset again and again mid-stream (as by a load balancer or
+/// an API server restart): the leader keeps leading and converges; then it hands over, and the
+/// follower, whose watches were reset as often, converges from its own cache (a lost event
+/// there would show as a wrong slice written from the replay).
+pub async fn connection_resets(world: &mut World, members: &mut Vec<Member>) {
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
+    let leader = &members[index].replica;
+    let step_downs = leader
+        .metric("external_endpoints_leader_step_downs_total", "")
+        .await
+        .unwrap();
+    let mut churn = world.churn(CHANGES);
+    churn.wait_for(BEFORE_FAULT).await;
+
+    let mut resets = 0;
+    while churn.done() < CHANGES {
+        for member in members.iter() {
+            member.proxy.as_ref().expect("proxied").reset();
+        }
+        resets += 1;
+        // Jittered: resets at a period dividing RetryPeriod would phase-lock with the renewals
+        // and kill every one of them in flight (seen: three in a row, then a step-down).
+        let jitter = world.rng.below(1000) as u32 + 500;
+        tokio::time::sleep(RESET_EVERY * jitter / 1000).await;
+    }
+    world.settle(churn).await;
+    let now = leader
+        .metric("external_endpoints_leader_step_downs_total", "")
+        .await
+        .unwrap();
+    eprintln!("resets: {resets} rounds; the leader's step-downs {step_downs} → {now}");
+    assert_eq!(
+        now, step_downs,
+        "connection resets made the leader step down"
+    );
+
+    let mut old = members.remove(index);
+    old.replica.terminate();
+    assert!(old.replica.wait_exit(CONVERGE).await.success());
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    wait_any_leading(&world.cluster, &replicas).await;
+    let model = world.model.clone();
+    model.wait_reflected(&world.cluster, None).await;
 }

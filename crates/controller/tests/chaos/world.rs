@@ -29,6 +29,8 @@ pub const BEFORE_FAULT: usize = 6;
 pub const WORKERS: f64 = 4.0;
 /// The replicas' drain deadline (support's `--drain-timeout`).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Mean pause between two resets of every connection.
+pub const RESET_EVERY: Duration = Duration::from_millis(250);
 /// A flap: longer than RetryPeriod (one renewal attempt fails), shorter than RenewDeadline.
 pub const FLAP: Duration = Duration::from_millis(1200);
 

@@ -9,6 +9,7 @@
 //!                    │ Cut:       close every live connection; accept new ones and close them
 //!                    │ Blackhole: stop forwarding, keep every connection open and silent
 //!                    │            (requests hang until the client gives up); closed on restore
+//!                    │ reset():   close every live connection once, keep forwarding new ones
 //! ```
 
 use std::{
@@ -41,6 +42,7 @@ pub enum Mode {
 pub struct Proxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
+    resets: watch::Sender<u64>,
     forwarded: Arc<AtomicUsize>,
     accept: JoinHandle<()>,
 }
@@ -53,16 +55,18 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (mode, _) = watch::channel(Mode::Open);
+        let (resets, _) = watch::channel(0);
         let forwarded = Arc::new(AtomicUsize::new(0));
         let accept = tokio::spawn(accept_loop(
             listener,
             upstream,
-            mode.clone(),
+            (mode.clone(), resets.clone()),
             forwarded.clone(),
         ));
         Proxy {
             addr,
             mode,
+            resets,
             forwarded,
             accept,
         }
@@ -88,6 +92,12 @@ impl Proxy {
         self.mode.send_replace(mode);
     }
 
+    /// Closes every live connection (as a load balancer or a restarting API server would);
+    /// new ones are forwarded as usual.
+    pub fn reset(&self) {
+        self.resets.send_modify(|resets| *resets += 1);
+    }
+
     /// Forwards again (connections held by a blackhole are closed: their streams lost bytes).
     pub fn restore(&self) {
         self.mode.send_replace(Mode::Open);
@@ -110,16 +120,16 @@ impl Drop for Proxy {
 async fn accept_loop(
     listener: TcpListener,
     upstream: SocketAddr,
-    mode: watch::Sender<Mode>,
+    (mode, resets): (watch::Sender<Mode>, watch::Sender<u64>),
     forwarded: Arc<AtomicUsize>,
 ) {
     loop {
         let Ok((inbound, _)) = listener.accept().await else {
             continue;
         };
-        let mode = mode.subscribe();
+        let watches = (mode.subscribe(), resets.subscribe());
         let forwarded = forwarded.clone();
-        tokio::spawn(serve(inbound, upstream, mode, forwarded));
+        tokio::spawn(serve(inbound, upstream, watches, forwarded));
     }
 }
 
@@ -127,9 +137,10 @@ async fn accept_loop(
 async fn serve(
     mut inbound: TcpStream,
     upstream: SocketAddr,
-    mut mode: watch::Receiver<Mode>,
+    (mut mode, mut resets): (watch::Receiver<Mode>, watch::Receiver<u64>),
     forwarded: Arc<AtomicUsize>,
 ) {
+    resets.mark_unchanged();
     let current = *mode.borrow_and_update();
     match current {
         Mode::Cut => return,
@@ -142,6 +153,7 @@ async fn serve(
     forwarded.fetch_add(1, Ordering::SeqCst);
     let outage = tokio::select! {
         _ = copy_bidirectional(&mut inbound, &mut outbound) => return,
+        _ = resets.changed() => return,
         outage = mode.wait_for(|mode| *mode != Mode::Open) => outage.map(|mode| *mode).ok(),
     };
     if outage == Some(Mode::Blackhole) {
