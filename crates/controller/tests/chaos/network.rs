@@ -188,8 +188,10 @@ pub async fn terminate_cut_off(world: &mut World, members: &mut Vec<Member>, mod
     let took = cut.elapsed();
     eprintln!("{mode:?}, then SIGTERM: exited {status} after {took:?}");
     assert!(status.success(), "{status}; log:\n{}", old.replica.log());
+    // A worker blocked in a blackholed write holds the drain to its deadline; the release
+    // attempt is bounded by RetryPeriod.
     assert!(
-        took <= DRAIN_TIMEOUT + RETRY_PERIOD + SLACK,
+        took <= DRAIN_TIMEOUT + RETRY_PERIOD + 2 * SLACK,
         "exited {took:?} after SIGTERM"
     );
 
