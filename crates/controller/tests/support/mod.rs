@@ -86,37 +86,13 @@ impl Replica {
         identity: &str,
         extra: &[&str],
     ) -> Replica {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join(format!("{identity}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
-            .arg("--kubeconfig")
-            .arg(testbed.kubeconfig_path())
-            .args(["--identity", identity, "--watch-namespace", namespace])
-            .args(["--lease-namespace", namespace, "--lease-name", LEASE])
-            .args(LEASE_ARGS)
-            .args(["--admin-addr", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--log-level", "info,cluster=debug,leadership=debug"])
-            .args(["--drain-timeout", "5s"])
-            .args(extra)
-            .env_remove("POD_NAME")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let admin = eventually("the admin address in the log", CONVERGE, || async {
-            admin_address(&log)
-        })
-        .await;
-        Replica {
-            identity: identity.to_string(),
-            child,
-            log,
-            admin,
-            _dir: dir,
-        }
+        let mut args = vec!["--watch-namespace", namespace];
+        args.extend(["--lease-namespace", namespace, "--lease-name", LEASE]);
+        args.extend(LEASE_ARGS);
+        args.extend(["--log-level", "info,cluster=debug,leadership=debug"]);
+        args.extend(["--drain-timeout", "5s"]);
+        args.extend(extra);
+        Replica::start_with(testbed.kubeconfig_path(), identity, &args).await
     }
 
     /// The replica's log so far.
