@@ -22,8 +22,6 @@ pub mod writer;
 
 use std::sync::Arc;
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, runtime::watcher};
 use leadership::{ElectorHandle, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use parking_lot::Mutex;
@@ -214,61 +212,87 @@ impl<W: SliceApi> Controller<W> {
         synced: tokio::sync::mpsc::Sender<()>,
         stop: CancellationToken,
     ) {
-        let caches = &self.caches;
-        let errors = |kind: &'static str| {
-            self.metrics
-                .watch_errors
-                .get_or_create(&KindLabels { kind })
-                .clone()
+        let caches = self.caches.clone();
+        let config = self.config.slices.clone();
+        let selector = format!("{MANAGED_BY_LABEL}={}", config.managed_by);
+        let watches = Watches {
+            gate,
+            synced: &synced,
+            stop: &stop,
         };
-        let ready = |synced: &tokio::sync::mpsc::Sender<()>| {
-            let synced = synced.clone();
+        watches.spawn(
+            self,
+            "Service",
+            watcher::Config::default(),
+            self.caches.services.clone(),
+            handlers::on_service,
+        );
+        watches.spawn(
+            self,
+            "ExternalWorkload",
+            watcher::Config::default(),
+            self.caches.workloads.clone(),
+            move |context, change| handlers::on_workload(context, &caches, change),
+        );
+        watches.spawn(
+            self,
+            "EndpointSlice",
+            watcher::Config::default().labels(&selector),
+            self.caches.slices.clone(),
+            move |context, change| handlers::on_slice(context, &config, change),
+        );
+    }
+}
+
+/// What every watch of a controller shares: its gate, the sync signal and the stop token.
+struct Watches<'a> {
+    gate: &'a ServiceGate,
+    synced: &'a tokio::sync::mpsc::Sender<()>,
+    stop: &'a CancellationToken,
+}
+
+impl Watches<'_> {
+    /// Spawns the watch of one kind: changes go into `cache`, then through `handler` while
+    /// leading; the first complete list signals `synced`.
+    fn spawn<K, W, H>(
+        &self,
+        controller: &Controller<W>,
+        kind: &'static str,
+        config: watcher::Config,
+        cache: Arc<cache::Cache<K>>,
+        handler: H,
+    ) where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + watch::Strip
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + serde::de::DeserializeOwned
+            + 'static,
+        K::DynamicType: Default,
+        W: SliceApi,
+        H: Fn(&handlers::Context, &cache::Change<K>) + Send + 'static,
+    {
+        let gate = self.gate.clone();
+        let synced = self.synced.clone();
+        let errors = controller
+            .metrics
+            .watch_errors
+            .get_or_create(&KindLabels { kind })
+            .clone();
+        tokio::spawn(watch::run(
+            controller.api::<K>(),
+            config,
+            cache,
+            move |change| {
+                gate.dispatch(|context| handler(context, &change));
+            },
             move || {
                 let _ = synced.try_send(());
-            }
-        };
-
-        let services_gate = gate.clone();
-        tokio::spawn(watch::run(
-            self.api::<Service>(),
-            watcher::Config::default(),
-            caches.services.clone(),
-            move |change| {
-                services_gate.dispatch(|context| handlers::on_service(context, &change));
             },
-            ready(&synced),
-            errors("Service"),
-            stop.clone(),
-        ));
-
-        let workloads_gate = gate.clone();
-        let workload_caches = caches.clone();
-        tokio::spawn(watch::run(
-            self.api::<ExternalWorkload>(),
-            watcher::Config::default(),
-            caches.workloads.clone(),
-            move |change| {
-                workloads_gate
-                    .dispatch(|context| handlers::on_workload(context, &workload_caches, &change));
-            },
-            ready(&synced),
-            errors("ExternalWorkload"),
-            stop.clone(),
-        ));
-
-        let slices_gate = gate.clone();
-        let config = self.config.slices.clone();
-        let selector = format!("{MANAGED_BY_LABEL}={}", self.config.slices.managed_by);
-        tokio::spawn(watch::run(
-            self.api::<EndpointSlice>(),
-            watcher::Config::default().labels(&selector),
-            caches.slices.clone(),
-            move |change| {
-                slices_gate.dispatch(|context| handlers::on_slice(context, &config, &change));
-            },
-            ready(&synced),
-            errors("EndpointSlice"),
-            stop,
+            errors,
+            self.stop.clone(),
         ));
     }
 }
