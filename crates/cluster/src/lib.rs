@@ -68,14 +68,13 @@ pub enum Error {
 }
 
 /// A controller ready to run: metrics registered, nothing started yet.
-pub struct Controller<W = KubeSlices> {
+pub struct Controller {
     client: Client,
     config: ControllerConfig,
     caches: Arc<Caches>,
     metrics: Metrics,
     runtime: Runtime<ServiceKey, TermState, ReconcileError>,
     elector_slot: Arc<Mutex<Option<ElectorSlot>>>,
-    _writer: std::marker::PhantomData<W>,
 }
 
 /// The elector's metrics, available once the elector runs.
@@ -87,7 +86,7 @@ struct ElectorSlot {
 
 // === impl Controller ===
 
-impl Controller<KubeSlices> {
+impl Controller {
     /// A controller writing through `client`; registers its metrics in `registry`.
     pub fn new(
         client: Client,
@@ -97,11 +96,9 @@ impl Controller<KubeSlices> {
         let api = KubeSlices::new(client.clone());
         Self::with_writer(client, config, api, registry)
     }
-}
 
-impl<W: SliceApi> Controller<W> {
     /// A controller writing slices through `api` (tests inject faults there).
-    pub fn with_writer(
+    pub fn with_writer<W: SliceApi>(
         client: Client,
         config: ControllerConfig,
         api: W,
@@ -144,7 +141,6 @@ impl<W: SliceApi> Controller<W> {
             metrics,
             runtime,
             elector_slot,
-            _writer: std::marker::PhantomData,
         })
     }
 
@@ -254,9 +250,9 @@ struct Watches<'a> {
 impl Watches<'_> {
     /// Spawns the watch of one kind: changes go into `cache`, then through `handler` while
     /// leading; the first complete list signals `synced`.
-    fn spawn<K, W, H>(
+    fn spawn<K, H>(
         &self,
-        controller: &Controller<W>,
+        controller: &Controller,
         kind: &'static str,
         config: watcher::Config,
         cache: Arc<cache::Cache<K>>,
@@ -271,7 +267,6 @@ impl Watches<'_> {
             + serde::de::DeserializeOwned
             + 'static,
         K::DynamicType: Default,
-        W: SliceApi,
         H: Fn(&handlers::Context, &cache::Change<K>) + Send + 'static,
     {
         let gate = self.gate.clone();
