@@ -201,7 +201,12 @@ where
             self.drain(deadline, &mut current, &mut leadership).await;
         }
         self.queue.close();
-        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, workers.join_next()).await {}
+        // Wait for in-flight work only while its term lives: a lost term's work can write
+        // nothing more (its fence refuses), so a call hanging on a dead connection must not
+        // hold the exit until the drain deadline.
+        if current.is_some() {
+            while let Ok(Some(_)) = tokio::time::timeout_at(deadline, workers.join_next()).await {}
+        }
         workers.abort_all();
         elector.release().await?;
         if let Some(term) = current.take() {

@@ -474,3 +474,41 @@ async fn a_panicking_reconcile_ends_the_runtime_visibly() {
         "{result:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
+    let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
+    let started = Arc::new(Notify::new());
+    let runtime = Runtime::new(
+        RuntimeConfig::default(),
+        |_term: &Term| (),
+        |context: &TermContext<u32, ()>| {
+            context.enqueue(1);
+        },
+        {
+            let started = started.clone();
+            move |_key: u32, _context: TermContext<u32, ()>| {
+                let started = started.clone();
+                async move {
+                    // A write hanging on a dead connection.
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok::<_, Fenced>(Action::Done)
+                }
+            }
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
+    started.notified().await;
+
+    // SIGTERM, and the term is lost (renew deadline passed) while the write hangs: nothing of
+    // that term can write any more, so the exit must not wait for the drain deadline (10 s).
+    shutdown.cancel();
+    leadership.send_replace(None);
+    timeout(Duration::from_secs(1), run)
+        .await
+        .expect("returned well before the drain deadline")
+        .expect("task")
+        .expect("clean shutdown");
+}
