@@ -3,27 +3,10 @@
 
 mod common;
 
-use common::{Case, only_endpoint, run};
-use slices::testing::{Svc, Workload};
+use common::{Case, only_endpoint, run, vm, web};
 use slices::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
 };
-
-/// The Service most cases use: selects `app=web`, port `http` 80 → targetPort named `http`.
-fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, "http")
-}
-
-/// A ready workload selected by [`web`], listening on `http` 8080.
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name)
-        .label("app", "web")
-        .ip(ip)
-        .port("http", 8080)
-        .ready()
-}
 
 #[test]
 fn endpoint_rules() {

@@ -6,24 +6,10 @@
 mod common;
 
 use api::v1beta1::ExternalWorkload;
-use common::{Case, converge, existing_names, names, plan, ports, run, workloads_in};
+use common::{Case, converge, existing_names, names, plan, ports, run, vm, web, workloads_in};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::testing::{SliceStore, Svc, Workload, time};
 use slices::{Config, Write, plan_slices};
-
-fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, "http")
-}
-
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name)
-        .label("app", "web")
-        .ip(ip)
-        .port("http", 8080)
-        .ready()
-}
 
 /// Workloads `names`, with addresses 10.0.0.<index+1>.
 fn vms(names: &[&str]) -> Vec<ExternalWorkload> {

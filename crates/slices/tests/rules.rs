@@ -4,25 +4,9 @@
 
 mod common;
 
-use common::{Case, addresses, ports, run, workloads_in};
+use common::{Case, addresses, ports, run, vm, web, workloads_in};
 use slices::Problem;
 use slices::testing::{Svc, Workload};
-
-/// The Service most cases use: selects `app=web`, port `http` 80 → targetPort named `http`.
-fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, "http")
-}
-
-/// A ready workload selected by [`web`], listening on `http` 8080.
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name)
-        .label("app", "web")
-        .ip(ip)
-        .port("http", 8080)
-        .ready()
-}
 
 #[test]
 fn selection_rules() {
