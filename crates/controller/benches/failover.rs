@@ -23,8 +23,8 @@ use std::{
 
 use api::v1beta1::ExternalWorkload;
 use common::{
-    Replica, ReplicaSpec, Table, env_list, env_usize, invoked_by_cargo_bench, poll, populate,
-    progress, seconds_between,
+    Replica, ReplicaSpec, Table, bench_main, env_list, env_usize, poll, populate, progress,
+    seconds_between,
 };
 use futures::StreamExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
@@ -41,17 +41,7 @@ const MANAGED_BY: &str =
 const LEASE: &str = "bench-lease";
 
 fn main() {
-    if !invoked_by_cargo_bench() {
-        eprintln!(
-            "failover: a benchmark; run it with `cargo bench -p external-endpoints --bench failover`"
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(run());
+    bench_main("failover", run);
 }
 
 async fn run() {

@@ -17,8 +17,8 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::{
-    Metrics, Replica, ReplicaSpec, Table, env_usize, invoked_by_cargo_bench, poll, populate,
-    progress, seconds_between,
+    Metrics, Replica, ReplicaSpec, Table, bench_main, env_usize, poll, populate, progress,
+    seconds_between,
 };
 use kube::Client;
 use tokio::time::Instant;
@@ -26,17 +26,7 @@ use tokio::time::Instant;
 const MIB: f64 = 1024.0 * 1024.0;
 
 fn main() {
-    if !invoked_by_cargo_bench() {
-        eprintln!(
-            "scale: a benchmark; run it with `cargo bench -p external-endpoints --bench scale`"
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(run());
+    bench_main("scale", run);
 }
 
 async fn run() {

@@ -37,6 +37,22 @@ pub fn invoked_by_cargo_bench() -> bool {
     std::env::args().any(|arg| arg == "--bench")
 }
 
+/// The main of a bench binary: runs `bench` on a multi-threaded runtime when started by
+/// `cargo bench`, and only prints how to run it otherwise (`cargo test --all-targets`).
+pub fn bench_main<F: Future<Output = ()>>(name: &str, bench: impl FnOnce() -> F) {
+    if !invoked_by_cargo_bench() {
+        eprintln!(
+            "{name}: a benchmark; run it with `cargo bench -p external-endpoints --bench {name}`"
+        );
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench());
+}
+
 /// A number from the environment, or `default`.
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
