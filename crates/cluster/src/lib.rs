@@ -23,8 +23,7 @@ pub mod writer;
 use std::sync::Arc;
 
 use kube::{Api, Client, runtime::watcher};
-use leadership::{ElectorHandle, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
-use parking_lot::Mutex;
+use leadership::{KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
 use tokio_util::sync::CancellationToken;
@@ -34,7 +33,7 @@ use crate::{
     events::Diagnostics,
     handlers::ServiceGate,
     metrics::{KindLabels, LeadershipCollector, Metrics},
-    reconcile::{ReconcileError, Shared, TermState},
+    reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
     writer::{KubeSlices, SliceApi},
 };
 
@@ -56,12 +55,6 @@ pub struct ControllerConfig {
 /// Why the controller stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The Lease settings are invalid. Not retryable.
-    #[error("invalid lease settings: {0}")]
-    Lease(#[from] leadership::ConfigError),
-    /// The planner settings are invalid. Not retryable.
-    #[error("invalid slice settings: {0}")]
-    Slices(#[from] slices::ConfigError),
     /// Leader election stopped. Not retryable: the process exits and is restarted.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -74,25 +67,14 @@ pub struct Controller {
     caches: Arc<Caches>,
     metrics: Metrics,
     runtime: Runtime<ServiceKey, TermState, ReconcileError>,
-    elector_slot: Arc<Mutex<Option<ElectorSlot>>>,
-}
-
-/// The elector's metrics, available once the elector runs.
-#[derive(Debug)]
-struct ElectorSlot {
-    metrics: leadership::ElectorMetrics,
-    leadership: leadership::Leadership,
+    elector: LeaseElector<KubeLeaseStore>,
 }
 
 // === impl Controller ===
 
 impl Controller {
     /// A controller writing through `client`; registers its metrics in `registry`.
-    pub fn new(
-        client: Client,
-        config: ControllerConfig,
-        registry: &mut Registry,
-    ) -> Result<Self, Error> {
+    pub fn new(client: Client, config: ControllerConfig, registry: &mut Registry) -> Self {
         let api = KubeSlices::new(client.clone());
         Self::with_writer(client, config, api, registry)
     }
@@ -103,9 +85,7 @@ impl Controller {
         config: ControllerConfig,
         api: W,
         registry: &mut Registry,
-    ) -> Result<Self, Error> {
-        config.slices.validate()?;
-        config.lease.validate()?;
+    ) -> Self {
         let caches = Arc::new(Caches::new());
         let metrics = Metrics::register(registry);
         let shared = Arc::new(Shared {
@@ -114,34 +94,28 @@ impl Controller {
             api,
             diagnostics: Some(Diagnostics::new(
                 client.clone(),
-                &config.slices.managed_by,
-                &config.lease.identity,
+                config.slices.managed_by(),
+                config.lease.identity(),
             )),
             metrics: metrics.clone(),
             stale_limit: config.stale_limit,
         });
-        let replay_caches = caches.clone();
-        let replay_config = config.slices.clone();
-        let runtime = Runtime::new(
-            config.runtime.clone(),
-            |_term| TermState::default(),
-            move |context| handlers::replay(context, &replay_caches, &replay_config),
-            move |key, context| reconcile::reconcile(key, context, shared.clone()),
-        );
-        let elector_slot = Arc::new(Mutex::new(None));
-        registry.register_collector(Box::new(SlotCollector {
-            slot: elector_slot.clone(),
+        let runtime = Runtime::new(config.runtime.clone(), SliceReconciler(shared));
+        let elector = LeaseElector::for_client(client.clone(), config.lease.clone());
+        registry.register_collector(Box::new(LeadershipCollector {
+            elector: elector.metrics(),
             fence: runtime.fence_metrics(),
             queue: runtime.queue(),
+            leadership: elector.leadership(),
         }));
-        Ok(Self {
+        Self {
             client,
             config,
             caches,
             metrics,
             runtime,
-            elector_slot,
-        })
+            elector,
+        }
     }
 
     /// The caches (for tests and benchmarks).
@@ -180,13 +154,7 @@ impl Controller {
         );
         on_synced();
 
-        let elector: ElectorHandle =
-            LeaseElector::for_client(self.client.clone(), self.config.lease.clone())?.spawn();
-        *self.elector_slot.lock() = Some(ElectorSlot {
-            metrics: elector.metrics(),
-            leadership: elector.leadership(),
-        });
-        let result = self.runtime.run(elector, shutdown).await;
+        let result = self.runtime.run(self.elector.spawn(), shutdown).await;
         watches.cancel();
         Ok(result?)
     }
@@ -210,7 +178,7 @@ impl Controller {
     ) {
         let caches = self.caches.clone();
         let config = self.config.slices.clone();
-        let selector = format!("{MANAGED_BY_LABEL}={}", config.managed_by);
+        let selector = format!("{MANAGED_BY_LABEL}={}", config.managed_by());
         let watches = Watches {
             gate,
             synced: &synced,
@@ -289,35 +257,5 @@ impl Watches<'_> {
             errors,
             self.stop.clone(),
         ));
-    }
-}
-
-/// Reads leadership counters on scrape; the elector part appears once the elector runs.
-#[derive(Debug)]
-struct SlotCollector {
-    slot: Arc<Mutex<Option<ElectorSlot>>>,
-    fence: leadership::FenceMetrics,
-    queue: leadership::WorkQueue<ServiceKey>,
-}
-
-impl prometheus_client::collector::Collector for SlotCollector {
-    fn encode(
-        &self,
-        encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        let (elector, leadership) = match self.slot.lock().as_ref() {
-            Some(slot) => (slot.metrics.clone(), slot.leadership.clone()),
-            None => (
-                leadership::ElectorMetrics::default(),
-                tokio::sync::watch::channel(None).1,
-            ),
-        };
-        LeadershipCollector {
-            elector,
-            fence: self.fence.clone(),
-            queue: self.queue.clone(),
-            leadership,
-        }
-        .encode(encoder)
     }
 }

@@ -53,6 +53,32 @@ pub struct Shared<W> {
     pub stale_limit: Duration,
 }
 
+/// The controller's part in the leadership runtime: a fresh [`TermState`] per term, replay of
+/// the caches, and [`reconcile`] of one Service.
+pub struct SliceReconciler<W>(pub Arc<Shared<W>>);
+
+impl<W: SliceApi> leadership::Reconciler for SliceReconciler<W> {
+    type Key = ServiceKey;
+    type TermState = TermState;
+    type Error = ReconcileError;
+
+    fn start_term(&self, _term: &leadership::Term) -> TermState {
+        TermState::default()
+    }
+
+    fn replay(&self, context: &TermContext<ServiceKey, TermState>) {
+        crate::handlers::replay(context, &self.0.caches, &self.0.config);
+    }
+
+    fn reconcile(
+        &self,
+        key: ServiceKey,
+        context: TermContext<ServiceKey, TermState>,
+    ) -> impl Future<Output = Result<Action, ReconcileError>> + Send + 'static {
+        reconcile(key, context, self.0.clone())
+    }
+}
+
 /// Why a reconcile failed (the queue retries it with backoff).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {

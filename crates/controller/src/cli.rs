@@ -6,6 +6,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum, error::ErrorKind};
+use leadership::{ConfigError, LeaseConfig, LeaseTimings};
 
 /// Publishes EndpointSlices for Services that select ExternalWorkloads.
 ///
@@ -56,8 +57,8 @@ pub struct Args {
     pub workers: u16,
 
     /// Maximum endpoints in one EndpointSlice (1..=1000).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000), allow_negative_numbers = true)]
-    pub max_endpoints_per_slice: u16,
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
+    pub max_endpoints_per_slice: usize,
 
     /// Value of the endpointslice.kubernetes.io/managed-by label on the slices this controller owns.
     #[arg(long, default_value = "linkerd-external-workloads-controller")]
@@ -97,13 +98,16 @@ pub enum LogFormat {
     Json,
 }
 
-/// Settings after cross-field validation.
+/// Settings after validation: the flags, and the library configurations built (and so checked)
+/// from them.
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// Parsed flags.
     pub args: Args,
-    /// Lease holder identity, resolved from the flag or the environment.
-    pub identity: String,
+    /// The Lease, its holder identity (resolved from the flag or the environment) and timings.
+    pub lease: LeaseConfig,
+    /// The planner's settings.
+    pub slices: slices::Config,
 }
 
 // === impl Args ===
@@ -122,38 +126,78 @@ impl Args {
         }
     }
 
-    /// Checks the relations between flags and resolves the identity. `hostname` is the
-    /// `HOSTNAME` fallback, passed in so tests need not touch the process environment.
+    /// Builds the lease and planner configurations, whose constructors check every rule, and
+    /// resolves the identity. `hostname` is the `HOSTNAME` fallback, passed in so tests need not
+    /// touch the process environment. The error names the flags at fault.
     pub fn validate(self, hostname: Option<String>) -> Result<Settings, String> {
         let non_empty = |id: String| Some(id.trim().to_string()).filter(|id| !id.is_empty());
         let identity = (self.identity.clone().and_then(non_empty))
             .or_else(|| hostname.and_then(non_empty))
             .ok_or("no identity: pass --identity or set POD_NAME or HOSTNAME")?;
-        if self.renew_deadline >= self.lease_duration {
-            return Err(format!(
-                "--renew-deadline ({}) must be shorter than --lease-duration ({})",
-                humantime::format_duration(self.renew_deadline),
-                humantime::format_duration(self.lease_duration)
-            ));
+        if self.resync_period.is_zero() {
+            return Err("--resync-period must be greater than zero".into());
         }
-        if self.renew_deadline.as_secs_f64() <= 1.2 * self.retry_period.as_secs_f64() {
-            return Err(format!(
-                "--renew-deadline ({}) must be longer than 1.2 x --retry-period ({})",
-                humantime::format_duration(self.renew_deadline),
-                humantime::format_duration(self.retry_period)
-            ));
-        }
-        if self.retry_period.is_zero() || self.resync_period.is_zero() {
-            return Err("--retry-period and --resync-period must be greater than zero".into());
-        }
-        if self.managed_by.trim().is_empty() {
-            return Err("--managed-by must not be empty".into());
-        }
+        let timings =
+            LeaseTimings::new(self.lease_duration, self.renew_deadline, self.retry_period)
+                .map_err(|error| lease_flags_error(&error))?;
+        let lease = LeaseConfig::new(
+            self.lease_name.clone(),
+            self.lease_namespace.clone(),
+            identity,
+            timings,
+        )
+        .map_err(|error| lease_flags_error(&error))?;
+        let slices = slices::Config::new(
+            self.max_endpoints_per_slice,
+            self.managed_by.clone(),
+            self.slice_prefix.clone(),
+        )
+        .map_err(|error| slice_flags_error(&error))?;
         Ok(Settings {
             args: self,
-            identity,
+            lease,
+            slices,
         })
     }
+}
+
+/// The library's reason, phrased with the flags an operator sets.
+fn lease_flags_error(error: &ConfigError) -> String {
+    let format = |d: &Duration| humantime::format_duration(*d).to_string();
+    match error {
+        ConfigError::LeaseDurationTooShort {
+            lease_duration,
+            renew_deadline,
+        } => format!(
+            "--renew-deadline ({}) must be shorter than --lease-duration ({})",
+            format(renew_deadline),
+            format(lease_duration)
+        ),
+        ConfigError::RenewDeadlineTooShort {
+            renew_deadline,
+            retry_period,
+        } => format!(
+            "--renew-deadline ({}) must be longer than 1.2 x --retry-period ({})",
+            format(renew_deadline),
+            format(retry_period)
+        ),
+        ConfigError::ZeroRetryPeriod => "--retry-period must be greater than zero".into(),
+        ConfigError::LeaseDurationOutOfRange(_) => format!("--lease-duration: {error}"),
+        ConfigError::EmptyName => "--lease-name and --lease-namespace must not be empty".into(),
+        ConfigError::EmptyIdentity => {
+            "no identity: pass --identity or set POD_NAME or HOSTNAME".into()
+        }
+    }
+}
+
+/// The planner's reason, with the flag it comes from.
+fn slice_flags_error(error: &slices::ConfigError) -> String {
+    let flag = match error {
+        slices::ConfigError::MaxEndpointsOutOfRange(_) => "--max-endpoints-per-slice",
+        slices::ConfigError::InvalidManagedBy(_) => "--managed-by",
+        slices::ConfigError::InvalidNamePrefix(_) => "--slice-prefix",
+    };
+    format!("{flag}: {error}")
 }
 
 /// Duration flags take hyphen values (`allow_hyphen_values`) so that `--lease-duration -5s` is
@@ -197,12 +241,38 @@ mod tests {
     }
 
     #[test]
-    fn max_endpoints_out_of_range_is_a_usage_error() {
+    fn max_endpoints_out_of_range_is_refused() {
         for bad in ["0", "1001"] {
-            let err = parse(&["--max-endpoints-per-slice", bad]).unwrap_err();
-            assert_eq!(err.exit_code(), 2, "{bad}");
+            let args = parse(&["--identity", "a", "--max-endpoints-per-slice", bad]).unwrap();
+            let err = args.validate(None).unwrap_err();
+            assert!(err.starts_with("--max-endpoints-per-slice"), "{err}");
         }
-        assert!(parse(&["--max-endpoints-per-slice", "1000"]).is_ok());
+        let args = parse(&["--identity", "a", "--max-endpoints-per-slice", "1000"]).unwrap();
+        assert_eq!(
+            args.validate(None)
+                .unwrap()
+                .slices
+                .max_endpoints_per_slice(),
+            1000
+        );
+    }
+
+    #[test]
+    fn invalid_slice_labels_name_their_flag() {
+        let args = parse(&["--identity", "a", "--managed-by", " "]).unwrap();
+        assert!(args.validate(None).unwrap_err().starts_with("--managed-by"));
+        let args = parse(&["--identity", "a", "--slice-prefix", "Upper"]).unwrap();
+        assert!(
+            args.validate(None)
+                .unwrap_err()
+                .starts_with("--slice-prefix")
+        );
+    }
+
+    #[test]
+    fn empty_lease_name_is_refused() {
+        let args = parse(&["--identity", "a", "--lease-name", ""]).unwrap();
+        assert!(args.validate(None).unwrap_err().contains("--lease-name"));
     }
 
     #[test]
@@ -223,7 +293,7 @@ mod tests {
         // An empty --identity counts as unset, whatever POD_NAME holds in the test environment.
         let args = parse(&["--identity", ""]).unwrap();
         let settings = args.clone().validate(Some("host-1".into())).unwrap();
-        assert_eq!(settings.identity, "host-1");
+        assert_eq!(settings.lease.identity(), "host-1");
         let err = args.validate(None).unwrap_err();
         assert!(err.contains("no identity"), "{err}");
     }

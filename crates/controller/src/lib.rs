@@ -12,7 +12,7 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context as _;
 use cluster::{Controller, ControllerConfig};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use leadership::{LeaseConfig, QueueConfig, RuntimeConfig};
+use leadership::{QueueConfig, RuntimeConfig};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +35,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         client,
         config,
         registry.sub_registry_with_prefix("external_endpoints"),
-    )?;
+    );
 
     let shutdown = CancellationToken::new();
     let health = Arc::new(Health::default());
@@ -46,7 +46,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("binding the admin server to {}", args.admin_addr))?;
     tokio::spawn(serve_admin);
     tracing::info!(
-        identity = %settings.identity,
+        identity = %settings.lease.identity(),
         lease = %format!("{}/{}", args.lease_namespace, args.lease_name),
         admin = %admin_addr,
         "starting"
@@ -64,21 +64,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
 fn controller_config(settings: &Settings) -> ControllerConfig {
     let args = &settings.args;
-    let mut lease = LeaseConfig::new(
-        args.lease_name.clone(),
-        args.lease_namespace.clone(),
-        settings.identity.clone(),
-    );
-    lease.lease_duration = args.lease_duration;
-    lease.renew_deadline = args.renew_deadline;
-    lease.retry_period = args.retry_period;
     ControllerConfig {
-        slices: slices::Config {
-            max_endpoints_per_slice: usize::from(args.max_endpoints_per_slice),
-            managed_by: args.managed_by.clone(),
-            name_prefix: args.slice_prefix.clone(),
-        },
-        lease,
+        slices: settings.slices.clone(),
+        lease: settings.lease.clone(),
         runtime: RuntimeConfig {
             workers: usize::from(args.workers),
             drain_timeout: args.drain_timeout,

@@ -41,26 +41,48 @@
 //! # Wiring
 //!
 //! ```no_run
-//! use leadership::{Action, ElectorHandle, LeaseConfig, LeaseElector, Runtime, RuntimeConfig};
+//! use leadership::{
+//!     Action, LeaseConfig, LeaseElector, LeaseTimings, Reconciler, Runtime, RuntimeConfig, Term,
+//!     TermContext,
+//! };
 //! use tokio_util::sync::CancellationToken;
 //!
-//! # struct Tracker;
-//! # async fn example(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! let config = LeaseConfig::new("my-controller", "my-namespace", "pod-0");
-//! let elector: ElectorHandle = LeaseElector::for_client(client, config)?.spawn();
+//! struct Tracker;
+//! struct App;
 //!
-//! let runtime = Runtime::new(
-//!     RuntimeConfig::default(),
-//!     |_term| Tracker,                                   // fresh per-term state
-//!     |ctx| { ctx.enqueue("ns/svc".to_string()); },      // replay: every cached key
-//!     |key: String, ctx| async move {
-//!         ctx.fence().check().map_err(|fenced| fenced.to_string())?; // before each write
-//!         let _ = (key, ctx.state());
-//!         Ok::<_, String>(Action::Done)
-//!     },
-//! );
+//! impl Reconciler for App {
+//!     type Key = String;
+//!     type TermState = Tracker;
+//!     type Error = String;
+//!
+//!     fn start_term(&self, _term: &Term) -> Tracker {
+//!         Tracker // fresh per-term state
+//!     }
+//!
+//!     fn replay(&self, context: &TermContext<String, Tracker>) {
+//!         context.enqueue("ns/svc".to_string()); // every cached key
+//!     }
+//!
+//!     fn reconcile(
+//!         &self,
+//!         key: String,
+//!         context: TermContext<String, Tracker>,
+//!     ) -> impl Future<Output = Result<Action, String>> + Send + 'static {
+//!         async move {
+//!             context.fence().check().map_err(|fenced| fenced.to_string())?; // before each write
+//!             let _ = (key, context.state());
+//!             Ok(Action::Done)
+//!         }
+//!     }
+//! }
+//!
+//! # async fn example(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let config = LeaseConfig::new("my-controller", "my-namespace", "pod-0", LeaseTimings::default())?;
+//! let elector = LeaseElector::for_client(client, config).spawn();
+//!
+//! let runtime = Runtime::new(RuntimeConfig::default(), App);
 //! let gate = runtime.gate();
-//! // In each watch stream, on every event: gate.dispatch(|ctx| ctx.enqueue(key));
+//! // In each watch stream, on every event: gate.dispatch(|context| context.enqueue(key));
 //! # let _ = gate;
 //! let shutdown = CancellationToken::new();
 //! runtime.run(elector, shutdown).await?;
@@ -80,11 +102,12 @@ pub mod term;
 pub use self::{
     elector::{
         ConfigError, ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseElector,
+        LeaseTimings,
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Gate, TermContext},
     queue::{QueueConfig, QueueKey, TermQueue, WorkItem, WorkQueue},
-    runtime::{Action, Runtime, RuntimeConfig, RuntimeError},
+    runtime::{Action, Reconciler, Runtime, RuntimeConfig, RuntimeError},
     store::{KubeLeaseStore, LeaseStore, MemoryLeaseStore, StoreError},
     term::{Leadership, LeadershipSender, Term, fixed_leadership},
 };

@@ -1,14 +1,12 @@
 //! Planner configuration.
 
-/// How the planner names and fills slices.
+/// How the planner names and fills slices; checked once by [`Config::new`], so the planner
+/// takes it as valid.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Most endpoints in one slice, 1 to 1000 (default 100, as upstream).
-    pub max_endpoints_per_slice: usize,
-    /// Value of `endpointslice.kubernetes.io/managed-by` on our slices.
-    pub managed_by: String,
-    /// Start of the generated slice names: `<prefix><service>-`.
-    pub name_prefix: String,
+    max_endpoints_per_slice: usize,
+    managed_by: String,
+    name_prefix: String,
 }
 
 /// A configuration the planner cannot work with.
@@ -30,6 +28,9 @@ pub enum ConfigError {
 /// Linkerd's controller name, so the two are drop-in replacements (design.md section 7).
 pub const DEFAULT_MANAGED_BY: &str = "linkerd-external-workloads-controller";
 
+/// The largest allowed maximum of endpoints per slice (the API server's own limit).
+pub const MAX_ENDPOINTS_LIMIT: usize = 1000;
+
 /// Linkerd's slice name prefix.
 pub const DEFAULT_NAME_PREFIX: &str = "linkerd-external-";
 
@@ -46,26 +47,49 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Checks every field; the planner assumes a validated configuration.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=1000).contains(&self.max_endpoints_per_slice) {
-            return Err(ConfigError::MaxEndpointsOutOfRange(
-                self.max_endpoints_per_slice,
-            ));
+    /// A configuration with at most `max_endpoints_per_slice` (1..=1000) endpoints per slice,
+    /// `managed_by` (a label value) on every slice, and slice names starting with `name_prefix`
+    /// (lowercase DNS name characters).
+    pub fn new(
+        max_endpoints_per_slice: usize,
+        managed_by: impl Into<String>,
+        name_prefix: impl Into<String>,
+    ) -> Result<Self, ConfigError> {
+        let (managed_by, name_prefix) = (managed_by.into(), name_prefix.into());
+        if !(1..=MAX_ENDPOINTS_LIMIT).contains(&max_endpoints_per_slice) {
+            return Err(ConfigError::MaxEndpointsOutOfRange(max_endpoints_per_slice));
         }
-        if !is_label_value(&self.managed_by) {
-            return Err(ConfigError::InvalidManagedBy(self.managed_by.clone()));
+        if !is_label_value(&managed_by) {
+            return Err(ConfigError::InvalidManagedBy(managed_by));
         }
-        let prefix_ok = self.name_prefix.len() <= 200
-            && !self.name_prefix.starts_with(['-', '.'])
-            && self
-                .name_prefix
+        let prefix_ok = name_prefix.len() <= 200
+            && !name_prefix.starts_with(['-', '.'])
+            && name_prefix
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
         if !prefix_ok {
-            return Err(ConfigError::InvalidNamePrefix(self.name_prefix.clone()));
+            return Err(ConfigError::InvalidNamePrefix(name_prefix));
         }
-        Ok(())
+        Ok(Self {
+            max_endpoints_per_slice,
+            managed_by,
+            name_prefix,
+        })
+    }
+
+    /// Most endpoints in one slice, 1 to 1000 (default 100, as upstream).
+    pub fn max_endpoints_per_slice(&self) -> usize {
+        self.max_endpoints_per_slice
+    }
+
+    /// Value of `endpointslice.kubernetes.io/managed-by` on our slices.
+    pub fn managed_by(&self) -> &str {
+        &self.managed_by
+    }
+
+    /// Start of the generated slice names: `<prefix><service>-`.
+    pub fn name_prefix(&self) -> &str {
+        &self.name_prefix
     }
 }
 
@@ -78,4 +102,34 @@ fn is_label_value(value: &str) -> bool {
         && value
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_linkerds_and_valid() {
+        let default = Config::default();
+        assert_eq!(
+            Config::new(100, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX),
+            Ok(default)
+        );
+    }
+
+    #[test]
+    fn rejects_each_bad_field() {
+        let bad = [
+            Config::new(0, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX),
+            Config::new(1001, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX),
+            Config::new(100, "", DEFAULT_NAME_PREFIX),
+            Config::new(100, "-edge", DEFAULT_NAME_PREFIX),
+            Config::new(100, DEFAULT_MANAGED_BY, "Upper-"),
+            Config::new(100, DEFAULT_MANAGED_BY, "-dash"),
+        ];
+        for result in bad {
+            assert!(result.is_err(), "{result:?}");
+        }
+        assert!(Config::new(1000, "a.b_c-d", "x.").is_ok());
+    }
 }

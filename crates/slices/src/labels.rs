@@ -69,7 +69,7 @@ pub(crate) fn slice_labels(service: &Service, config: &Config) -> BTreeMap<Strin
         SERVICE_NAME_LABEL.to_owned(),
         service.metadata.name.clone().unwrap_or_default(),
     );
-    labels.insert(MANAGED_BY_LABEL.to_owned(), config.managed_by.clone());
+    labels.insert(MANAGED_BY_LABEL.to_owned(), config.managed_by().to_owned());
     if is_headless(service) {
         labels.insert(HEADLESS_LABEL.to_owned(), String::new());
     }
@@ -101,7 +101,7 @@ pub(crate) fn is_owned_by(slice: &EndpointSlice, service: &Service) -> bool {
 
 /// Whether `slice` carries our managed-by label.
 pub(crate) fn is_managed(slice: &EndpointSlice, config: &Config) -> bool {
-    label(slice, MANAGED_BY_LABEL) == Some(config.managed_by.as_str())
+    label(slice, MANAGED_BY_LABEL) == Some(config.managed_by())
 }
 
 /// A label of a slice.
@@ -133,6 +133,6 @@ pub(crate) fn labels_match(
     }
     actual.len() == expected
         && actual.get(SERVICE_NAME_LABEL).map(String::as_str) == Some(name)
-        && actual.get(MANAGED_BY_LABEL) == Some(&config.managed_by)
+        && actual.get(MANAGED_BY_LABEL).map(String::as_str) == Some(config.managed_by())
         && (!headless || actual.get(HEADLESS_LABEL).map(String::as_str) == Some(""))
 }

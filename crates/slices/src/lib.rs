@@ -37,7 +37,9 @@ mod tracker;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use config::{Config, ConfigError, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX};
+pub use config::{
+    Config, ConfigError, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, MAX_ENDPOINTS_LIMIT,
+};
 pub use diagnostic::{Diagnostic, Problem};
 pub use key::ServiceKey;
 pub use labels::{

@@ -193,7 +193,7 @@ pub(crate) fn new_slice(
         address_type: group.family.as_str().to_owned(),
         endpoints: Some(endpoints),
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}{service_name}-", ctx.config.name_prefix)),
+            generate_name: Some(format!("{}{service_name}-", ctx.config.name_prefix())),
             namespace: Some(ctx.namespace.to_owned()),
             labels: Some(slice_labels(ctx.service, ctx.config)),
             annotations: Some(BTreeMap::from([ctx.trigger_annotation()])),

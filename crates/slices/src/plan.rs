@@ -118,7 +118,7 @@ pub fn plan_slices(
         config,
         namespace,
         trigger_time,
-        max: config.max_endpoints_per_slice.max(1),
+        max: config.max_endpoints_per_slice(),
     };
 
     // Sort existing slices into groups; foreign-owned and wrong-family slices go.

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::keys::{for_service, for_slice, for_workload};
 use slices::testing::{SliceStore, Svc, Workload, time};
-use slices::{Config, SERVICE_NAME_LABEL, ServiceKey, Tracker, plan_slices};
+use slices::{Config, DEFAULT_NAME_PREFIX, SERVICE_NAME_LABEL, ServiceKey, Tracker, plan_slices};
 
 fn services() -> Vec<Service> {
     vec![
@@ -183,10 +183,7 @@ fn managed_slice_whose_service_label_changed_gives_old_and_new_services() {
 #[test]
 fn slice_managed_by_someone_else_gives_nothing() {
     let slice = managed_slice();
-    let other = Config {
-        managed_by: "endpointslice-controller.k8s.io".into(),
-        ..Config::default()
-    };
+    let other = Config::new(100, "endpointslice-controller.k8s.io", DEFAULT_NAME_PREFIX).unwrap();
     assert!(for_slice(None, Some(&slice), &other, &Tracker::new()).is_empty());
 }
 

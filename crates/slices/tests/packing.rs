@@ -9,7 +9,7 @@ use api::v1beta1::ExternalWorkload;
 use common::{Case, converge, existing_names, names, plan, ports, run, vm, web, workloads_in};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::testing::{SliceStore, Svc, Workload, time};
-use slices::{Config, Write, plan_slices};
+use slices::{Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, Write, plan_slices};
 
 /// Workloads `names`, with addresses 10.0.0.<index+1>.
 fn vms(names: &[&str]) -> Vec<ExternalWorkload> {
@@ -21,10 +21,7 @@ fn vms(names: &[&str]) -> Vec<ExternalWorkload> {
 }
 
 fn max(n: usize) -> Config {
-    Config {
-        max_endpoints_per_slice: n,
-        ..Config::default()
-    }
+    Config::new(n, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX).unwrap()
 }
 
 fn sizes(slices: &[EndpointSlice]) -> Vec<usize> {
@@ -355,10 +352,7 @@ fn slices_of_other_services_or_managers_are_never_touched() {
         &[],
         &config,
     ));
-    let other_manager = Config {
-        managed_by: "someone-else".into(),
-        ..Config::default()
-    };
+    let other_manager = Config::new(100, "someone-else", DEFAULT_NAME_PREFIX).unwrap();
     foreign.apply(&plan(&web().build(), &vms(&["a"]), &[], &other_manager));
     let p = plan(&web().build(), &[], &foreign.slices(), &config);
     assert!(p.is_empty(), "{p:#?}");

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use proptest::prelude::*;
 use slices::testing::{SliceStore, Svc, Workload, time};
-use slices::{Config, SlicePlan, plan_slices};
+use slices::{Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, SlicePlan, plan_slices};
 
 /// A workload as generated: labels decide selection, the rest the endpoint.
 #[derive(Clone, Debug)]
@@ -157,10 +157,7 @@ fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<Endp
                 .enumerate()
                 .map(|(i, s)| build(i, s))
                 .collect();
-            let config = Config {
-                max_endpoints_per_slice: earlier_max,
-                ..Config::default()
-            };
+            let config = config(earlier_max);
             let refs: Vec<_> = earlier.iter().collect();
             let mut store = SliceStore::default();
             store.apply(&plan_slices(&earlier_svc, &refs, &[], &config, &time(1)));
@@ -177,10 +174,7 @@ fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<Endp
 }
 
 fn config(max: usize) -> Config {
-    Config {
-        max_endpoints_per_slice: max,
-        ..Config::default()
-    }
+    Config::new(max, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX).unwrap()
 }
 
 fn run_plan(

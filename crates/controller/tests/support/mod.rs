@@ -350,7 +350,7 @@ impl Cluster {
     pub async fn slices(&self) -> Vec<EndpointSlice> {
         let params = ListParams::default().labels(&format!(
             "{MANAGED_BY_LABEL}={}",
-            Config::default().managed_by
+            Config::default().managed_by()
         ));
         let mut slices = self.slices_api().list(&params).await.unwrap().items;
         slices.sort_by_key(|s| s.name_any());

@@ -1,27 +1,33 @@
-//! Elector configuration and its validation.
+//! Elector configuration, validated once when it is built.
+//!
+//! Both types can only be built through their checking constructors, so everything downstream
+//! (the elector loop, the Lease record) takes them as valid and has no fallbacks.
 
 use std::time::Duration;
 
-/// Which lease to compete for, under which identity, with which timings.
+/// LeaseDuration, RenewDeadline and RetryPeriod, checked to satisfy
+/// LeaseDuration > RenewDeadline > 1.2 × RetryPeriod > 0.
 ///
-/// Defaults follow client-go: LeaseDuration 15 s, RenewDeadline 10 s, RetryPeriod 2 s.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseConfig {
-    /// Name of the Lease object.
-    pub name: String,
-    /// Namespace of the Lease object.
-    pub namespace: String,
-    /// This candidate's identity (the pod name); must be unique among candidates.
-    pub identity: String,
-    /// How long followers wait, from the last change they observed, before taking over.
-    pub lease_duration: Duration,
-    /// How long a leader keeps leading without a successful renewal.
-    pub renew_deadline: Duration,
-    /// How often the leader renews and followers poll (followers also watch).
-    pub retry_period: Duration,
+/// The default is client-go's: LeaseDuration 15 s, RenewDeadline 10 s, RetryPeriod 2 s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTimings {
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    /// LeaseDuration in the Lease's whole seconds, rounded up (it fits, by construction).
+    lease_duration_seconds: i32,
 }
 
-/// Why a [`LeaseConfig`] is unusable.
+/// Which lease to compete for, under which identity, with which timings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    name: String,
+    namespace: String,
+    identity: String,
+    timings: LeaseTimings,
+}
+
+/// Why a [`LeaseTimings`] or [`LeaseConfig`] cannot be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// The identity is empty. Not retryable: fix the configuration.
@@ -33,7 +39,7 @@ pub enum ConfigError {
     /// LeaseDuration ≤ RenewDeadline: a leader could still act after followers may take over.
     /// Not retryable: fix the configuration.
     #[error(
-        "lease duration ({lease_duration:?}) must be greater than renew deadline ({renew_deadline:?})"
+        "renew deadline ({renew_deadline:?}) must be shorter than lease duration ({lease_duration:?})"
     )]
     LeaseDurationTooShort {
         /// The configured LeaseDuration.
@@ -44,7 +50,7 @@ pub enum ConfigError {
     /// RenewDeadline ≤ 1.2 × RetryPeriod: a single slow renewal would already cost leadership.
     /// Not retryable: fix the configuration.
     #[error(
-        "renew deadline ({renew_deadline:?}) must be greater than 1.2 × retry period ({retry_period:?})"
+        "renew deadline ({renew_deadline:?}) must be longer than 1.2 × retry period ({retry_period:?})"
     )]
     RenewDeadlineTooShort {
         /// The configured RenewDeadline.
@@ -61,103 +67,181 @@ pub enum ConfigError {
     LeaseDurationOutOfRange(Duration),
 }
 
+// === impl LeaseTimings ===
+
+impl LeaseTimings {
+    /// Checks LeaseDuration > RenewDeadline > 1.2 × RetryPeriod > 0, and that LeaseDuration fits
+    /// the Lease's `leaseDurationSeconds`.
+    pub fn new(
+        lease_duration: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Result<Self, ConfigError> {
+        if retry_period.is_zero() {
+            return Err(ConfigError::ZeroRetryPeriod);
+        }
+        if lease_duration <= renew_deadline {
+            return Err(ConfigError::LeaseDurationTooShort {
+                lease_duration,
+                renew_deadline,
+            });
+        }
+        if renew_deadline <= retry_period.mul_f64(1.2) {
+            return Err(ConfigError::RenewDeadlineTooShort {
+                renew_deadline,
+                retry_period,
+            });
+        }
+        let lease_duration_seconds = i32::try_from(lease_duration.as_millis().div_ceil(1000))
+            .map_err(|_| ConfigError::LeaseDurationOutOfRange(lease_duration))?;
+        Ok(Self {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            lease_duration_seconds,
+        })
+    }
+
+    /// How long followers wait, from the last change they observed, before taking over.
+    pub fn lease_duration(&self) -> Duration {
+        self.lease_duration
+    }
+
+    /// How long a leader keeps leading without a successful renewal.
+    pub fn renew_deadline(&self) -> Duration {
+        self.renew_deadline
+    }
+
+    /// How often the leader renews and followers poll (followers also watch).
+    pub fn retry_period(&self) -> Duration {
+        self.retry_period
+    }
+
+    /// LeaseDuration as written into the Lease (whole seconds, rounded up).
+    pub fn lease_duration_seconds(&self) -> i32 {
+        self.lease_duration_seconds
+    }
+}
+
+impl Default for LeaseTimings {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            lease_duration_seconds: 15,
+        }
+    }
+}
+
 // === impl LeaseConfig ===
 
 impl LeaseConfig {
-    /// A configuration with client-go's default timings.
+    /// The Lease `namespace/name`, competed for as `identity` with `timings`; the three names
+    /// must not be empty.
     pub fn new(
         name: impl Into<String>,
         namespace: impl Into<String>,
         identity: impl Into<String>,
-    ) -> Self {
-        Self {
-            name: name.into(),
-            namespace: namespace.into(),
-            identity: identity.into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        }
-    }
-
-    /// Checks LeaseDuration > RenewDeadline > 1.2 × RetryPeriod and a non-empty identity.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.identity.is_empty() {
+        timings: LeaseTimings,
+    ) -> Result<Self, ConfigError> {
+        let (name, namespace, identity) = (name.into(), namespace.into(), identity.into());
+        if identity.is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
-        if self.name.is_empty() || self.namespace.is_empty() {
+        if name.is_empty() || namespace.is_empty() {
             return Err(ConfigError::EmptyName);
         }
-        if self.retry_period.is_zero() {
-            return Err(ConfigError::ZeroRetryPeriod);
-        }
-        if self.lease_duration <= self.renew_deadline {
-            return Err(ConfigError::LeaseDurationTooShort {
-                lease_duration: self.lease_duration,
-                renew_deadline: self.renew_deadline,
-            });
-        }
-        if self.renew_deadline <= self.retry_period.mul_f64(1.2) {
-            return Err(ConfigError::RenewDeadlineTooShort {
-                renew_deadline: self.renew_deadline,
-                retry_period: self.retry_period,
-            });
-        }
-        if self.lease_duration_seconds().is_none() {
-            return Err(ConfigError::LeaseDurationOutOfRange(self.lease_duration));
-        }
-        Ok(())
+        Ok(Self {
+            name,
+            namespace,
+            identity,
+            timings,
+        })
     }
 
-    /// LeaseDuration in the Lease's whole seconds (rounded up), if it fits.
-    pub(crate) fn lease_duration_seconds(&self) -> Option<i32> {
-        let millis = self.lease_duration.as_millis();
-        let seconds = millis.div_ceil(1000);
-        if seconds == 0 {
-            return None;
-        }
-        i32::try_from(seconds).ok()
+    /// Name of the Lease object.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Namespace of the Lease object.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// This candidate's identity (the pod name); must be unique among candidates.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The lease timings.
+    pub fn timings(&self) -> LeaseTimings {
+        self.timings
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
     use super::*;
 
-    fn config() -> LeaseConfig {
-        LeaseConfig::new("lease", "ns", "me")
+    const fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
     }
 
     #[test]
-    fn defaults_are_valid() {
-        assert_eq!(config().validate(), Ok(()));
-        assert_eq!(config().lease_duration_seconds(), Some(15));
+    fn default_timings_are_client_gos_and_valid() {
+        let default = LeaseTimings::default();
+        assert_eq!(LeaseTimings::new(secs(15), secs(10), secs(2)), Ok(default));
+        assert_eq!(default.lease_duration_seconds(), 15);
     }
 
     #[test]
-    fn rejects_bad_orderings_and_identity() {
-        type Mutation = fn(&mut LeaseConfig);
-        let cases: Vec<(Mutation, &str)> = vec![
-            (|c| c.identity.clear(), "identity"),
-            (|c| c.name.clear(), "name"),
-            (|c| c.lease_duration = c.renew_deadline, "lease duration"),
+    fn lease_duration_seconds_round_up() {
+        let timings = LeaseTimings::new(Duration::from_millis(3500), secs(3), secs(1)).unwrap();
+        assert_eq!(timings.lease_duration_seconds(), 4);
+    }
+
+    #[test]
+    fn rejects_bad_orderings() {
+        let cases = [
             (
-                |c| c.renew_deadline = Duration::from_millis(2400),
-                "renew deadline",
+                (secs(10), secs(10), secs(2)),
+                "lease duration = renew deadline",
             ),
-            (|c| c.retry_period = Duration::ZERO, "retry period"),
             (
-                |c| c.lease_duration = Duration::from_secs(1 << 40),
-                "lease duration range",
+                (secs(15), Duration::from_millis(2400), secs(2)),
+                "renew deadline = 1.2 × retry",
+            ),
+            ((secs(15), secs(10), Duration::ZERO), "zero retry period"),
+            (
+                (secs(1 << 40), secs(10), secs(2)),
+                "lease duration out of range",
             ),
         ];
-        for (mutate, what) in cases {
-            let mut c = config();
-            mutate(&mut c);
-            assert!(c.validate().is_err(), "{what} should be rejected");
+        for ((lease, renew, retry), what) in cases {
+            assert!(LeaseTimings::new(lease, renew, retry).is_err(), "{what}");
         }
-        let mut ok = config();
-        ok.renew_deadline = Duration::from_millis(2401);
-        assert_eq!(ok.validate(), Ok(()));
+        assert!(LeaseTimings::new(secs(15), Duration::from_millis(2401), secs(2)).is_ok());
+    }
+
+    #[test]
+    fn rejects_empty_names() {
+        let timings = LeaseTimings::default();
+        assert_eq!(
+            LeaseConfig::new("lease", "ns", "", timings),
+            Err(ConfigError::EmptyIdentity)
+        );
+        assert_eq!(
+            LeaseConfig::new("", "ns", "me", timings),
+            Err(ConfigError::EmptyName)
+        );
+        assert_eq!(
+            LeaseConfig::new("lease", "", "me", timings),
+            Err(ConfigError::EmptyName)
+        );
+        assert!(LeaseConfig::new("lease", "ns", "me", timings).is_ok());
     }
 }

@@ -25,17 +25,21 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{ConfigError, LeaseConfig};
+pub use self::config::{ConfigError, LeaseConfig, LeaseTimings};
 use crate::{
     store::{KubeLeaseStore, LeaseStore},
-    term::{Leadership, Term},
+    term::{Leadership, LeadershipSender, Term},
 };
 
-/// A candidate for one Lease, not yet running.
+/// A candidate for one Lease, not yet running. Its leadership value and metrics exist from the
+/// start, so a metrics layer can hold them before the elector is spawned.
 #[derive(Debug)]
 pub struct LeaseElector<S> {
     config: LeaseConfig,
     store: S,
+    sender: LeadershipSender,
+    leadership: Leadership,
+    metrics: ElectorMetrics,
 }
 
 /// The running elector: its leadership value, its metrics, and the means to stop it.
@@ -79,17 +83,23 @@ pub enum ElectorError {
 
 impl LeaseElector<KubeLeaseStore> {
     /// A candidate for the Lease named in `config`, through the API server behind `client`.
-    pub fn for_client(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
-        let store = KubeLeaseStore::new(client, &config.namespace, &config.name);
+    pub fn for_client(client: Client, config: LeaseConfig) -> Self {
+        let store = KubeLeaseStore::new(client, config.namespace(), config.name());
         Self::new(config, store)
     }
 }
 
 impl<S: LeaseStore> LeaseElector<S> {
-    /// A candidate for the Lease behind `store`; fails if `config` is invalid.
-    pub fn new(config: LeaseConfig, store: S) -> Result<Self, ConfigError> {
-        config.validate()?;
-        Ok(Self { config, store })
+    /// A candidate for the Lease behind `store` (`config` was validated when it was built).
+    pub fn new(config: LeaseConfig, store: S) -> Self {
+        let (sender, leadership) = watch::channel(None);
+        Self {
+            config,
+            store,
+            sender,
+            leadership,
+            metrics: ElectorMetrics::default(),
+        }
     }
 
     /// The configuration in use.
@@ -97,24 +107,32 @@ impl<S: LeaseStore> LeaseElector<S> {
         &self.config
     }
 
+    /// The leadership value this elector will publish: `None` until it acquires the lease.
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.clone()
+    }
+
+    /// The counters this elector will update.
+    pub fn metrics(&self) -> ElectorMetrics {
+        self.metrics.clone()
+    }
+
     /// Starts competing for the lease on a new task.
     pub fn spawn(self) -> ElectorHandle {
-        let (sender, leadership) = watch::channel(None);
         let stop = CancellationToken::new();
-        let metrics = ElectorMetrics::default();
-        let candidate =
-            run::Candidate::new(self.config.clone(), self.store, sender, metrics.clone());
         let span = tracing::info_span!(
             "elector",
-            lease = %self.config.name,
-            identity = %self.config.identity,
+            lease = %self.config.name(),
+            identity = %self.config.identity(),
         );
+        let candidate =
+            run::Candidate::new(self.config, self.store, self.sender, self.metrics.clone());
         let task = tokio::spawn(candidate.run(stop.clone()).instrument(span));
         ElectorHandle {
-            leadership,
+            leadership: self.leadership,
             stop,
             task: Some(task),
-            metrics,
+            metrics: self.metrics,
         }
     }
 }
@@ -142,7 +160,7 @@ impl ElectorHandle {
     }
 
     /// A handle on leadership decided elsewhere (another election mechanism, or a test driving
-    /// terms by hand through the matching [`LeadershipSender`](crate::LeadershipSender)).
+    /// terms by hand through the matching [`LeadershipSender`]).
     /// Releasing it only stops the handle; the sender's owner publishes `None`.
     pub fn external(leadership: Leadership) -> Self {
         let stop = CancellationToken::new();

@@ -51,14 +51,14 @@ impl Observed {
             .and_then(|spec| spec.lease_duration_seconds)
             .and_then(|seconds| u64::try_from(seconds).ok())
             .filter(|seconds| *seconds > 0);
-        let duration = seconds.map_or(config.lease_duration, Duration::from_secs);
+        let duration = seconds.map_or(config.timings().lease_duration(), Duration::from_secs);
         self.changed_at + duration
     }
 
     /// Whether someone other than `identity` holds an unexpired lease.
     pub(crate) fn held_by_other(&self, config: &LeaseConfig, now: Instant) -> bool {
         match self.holder() {
-            Some(holder) => holder != config.identity && now < self.expires_at(config),
+            Some(holder) => holder != config.identity() && now < self.expires_at(config),
             None => false,
         }
     }
@@ -86,17 +86,17 @@ fn same_record(a: &Lease, b: &Lease) -> bool {
 }
 
 /// A new lease held by us.
-pub(crate) fn new_lease(config: &LeaseConfig, duration_seconds: i32) -> Lease {
+pub(crate) fn new_lease(config: &LeaseConfig) -> Lease {
     let now = MicroTime(Timestamp::now());
     Lease {
         metadata: ObjectMeta {
-            name: Some(config.name.clone()),
-            namespace: Some(config.namespace.clone()),
+            name: Some(config.name().to_owned()),
+            namespace: Some(config.namespace().to_owned()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {
-            holder_identity: Some(config.identity.clone()),
-            lease_duration_seconds: Some(duration_seconds),
+            holder_identity: Some(config.identity().to_owned()),
+            lease_duration_seconds: Some(config.timings().lease_duration_seconds()),
             acquire_time: Some(now.clone()),
             renew_time: Some(now),
             lease_transitions: Some(0),
@@ -108,17 +108,17 @@ pub(crate) fn new_lease(config: &LeaseConfig, duration_seconds: i32) -> Lease {
 /// Takes or renews the lease we read, editing only the fields we own: fields we do not own
 /// (`preferredHolder`, `strategy`, labels, annotations, ...) and the resourceVersion that guards
 /// the write are kept as read.
-pub(crate) fn claim(mut lease: Lease, config: &LeaseConfig, duration_seconds: i32) -> Lease {
+pub(crate) fn claim(mut lease: Lease, config: &LeaseConfig) -> Lease {
     let now = MicroTime(Timestamp::now());
-    let taking_over = holder(&lease) != Some(config.identity.as_str());
+    let taking_over = holder(&lease) != Some(config.identity());
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if taking_over {
-        spec.holder_identity = Some(config.identity.clone());
+        spec.holder_identity = Some(config.identity().to_owned());
         spec.acquire_time = Some(now.clone());
         spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
     }
     spec.renew_time = Some(now);
-    spec.lease_duration_seconds = Some(duration_seconds);
+    spec.lease_duration_seconds = Some(config.timings().lease_duration_seconds());
     lease
 }
 

@@ -24,7 +24,6 @@ const RELEASE_ATTEMPTS: usize = 3;
 /// One candidate's state: what it observed of the lease, and its term while leading.
 pub(super) struct Candidate<S> {
     config: LeaseConfig,
-    duration_seconds: i32,
     store: S,
     sender: LeadershipSender,
     metrics: ElectorMetrics,
@@ -72,11 +71,8 @@ impl<S: LeaseStore> Candidate<S> {
         sender: LeadershipSender,
         metrics: ElectorMetrics,
     ) -> Self {
-        // Validated by `LeaseElector::new`; 15 s (the default) should it ever not fit.
-        let duration_seconds = config.lease_duration_seconds().unwrap_or(15);
         Self {
             config,
-            duration_seconds,
             store,
             sender,
             metrics,
@@ -136,7 +132,7 @@ impl<S: LeaseStore> Candidate<S> {
         started: Instant,
     ) -> Option<Option<Lease>> {
         let leading = self.term.is_some();
-        let identity = self.config.identity.clone();
+        let identity = self.config.identity().to_owned();
         let mut seen = None;
         let attempt = self.bounded(stop, started, |me| me.attempt(started));
         let mut attempt = pin!(attempt);
@@ -192,7 +188,7 @@ impl<S: LeaseStore> Candidate<S> {
         F: FnOnce(&'a mut Self) -> Fut,
         Fut: Future<Output = ()> + 'a,
     {
-        let mut until = started + self.config.retry_period;
+        let mut until = started + self.config.timings().retry_period();
         if let Some(deadline) = self.step_down_at() {
             until = until.min(deadline);
         }
@@ -226,7 +222,7 @@ impl<S: LeaseStore> Candidate<S> {
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
         let Some(lease) = current else {
-            let lease = record::new_lease(&self.config, self.duration_seconds);
+            let lease = record::new_lease(&self.config);
             return match self.store.create(lease).await {
                 Ok(created) => self.renewed(created, started),
                 Err(StoreError::Conflict) => self.confirm_holder().await,
@@ -236,7 +232,7 @@ impl<S: LeaseStore> Candidate<S> {
         if self.held_by_other(Instant::now()) {
             return;
         }
-        let claimed = record::claim(lease, &self.config, self.duration_seconds);
+        let claimed = record::claim(lease, &self.config);
         match self.store.replace(claimed).await {
             Ok(replaced) => self.renewed(replaced, started),
             Err(StoreError::Conflict) => self.confirm_holder().await,
@@ -273,7 +269,7 @@ impl<S: LeaseStore> Candidate<S> {
         self.observe(lease, now);
         let leading = self.term.is_some();
         let holder = self.observed.as_ref().and_then(Observed::holder);
-        let named = holder == Some(self.config.identity.as_str());
+        let named = holder == Some(self.config.identity());
         match (leading, holder, named) {
             (false, None, _) => Reaction::AttemptNow,
             (false, Some(_), _) | (true, _, true) => Reaction::Nothing,
@@ -297,7 +293,7 @@ impl<S: LeaseStore> Candidate<S> {
         let named = self
             .observed
             .as_ref()
-            .is_some_and(|observed| observed.held_by(&self.config.identity));
+            .is_some_and(|observed| observed.held_by(self.config.identity()));
         if !named {
             let reason = if self.held_by_other(Instant::now()) {
                 StepDown::AnotherHolder
@@ -330,7 +326,7 @@ impl<S: LeaseStore> Candidate<S> {
                 debug!(term = term.id(), "renewed the lease");
             }
             None => {
-                let term = Term::new(sent_at, self.config.renew_deadline);
+                let term = Term::new(sent_at, self.config.timings().renew_deadline());
                 ElectorMetrics::count(&self.metrics.counters.acquisitions);
                 info!(term = term.id(), "acquired the lease; leading");
                 self.term = Some(term.clone());
@@ -351,7 +347,7 @@ impl<S: LeaseStore> Candidate<S> {
     /// While leading: when the term ends unless a renewal succeeds first.
     fn step_down_at(&self) -> Option<Instant> {
         let term = self.term.as_ref()?;
-        Some(term.last_renewed_at() + self.config.renew_deadline)
+        Some(term.last_renewed_at() + self.config.timings().renew_deadline())
     }
 
     fn check_deadline(&mut self, now: Instant) {
@@ -374,7 +370,7 @@ impl<S: LeaseStore> Candidate<S> {
     /// After an attempt started at `started`: the next poll, or the observed expiry if sooner.
     fn next_attempt_after(&mut self, started: Instant) -> Instant {
         self.check_deadline(Instant::now());
-        let next = started + self.config.retry_period;
+        let next = started + self.config.timings().retry_period();
         match &self.observed {
             Some(observed) if self.term.is_none() && observed.holder().is_some() => {
                 next.min(observed.expires_at(&self.config))
@@ -391,11 +387,11 @@ impl<S: LeaseStore> Candidate<S> {
         let named_us = self
             .observed
             .as_ref()
-            .is_some_and(|observed| observed.held_by(&self.config.identity));
+            .is_some_and(|observed| observed.held_by(self.config.identity()));
         if !was_leading && !named_us {
             return;
         }
-        let deadline = Instant::now() + self.config.retry_period;
+        let deadline = Instant::now() + self.config.timings().retry_period();
         match timeout_at(deadline, self.release_lease()).await {
             Ok(Ok(true)) => info!("released the lease"),
             Ok(Ok(false)) => debug!("lease no longer ours; nothing to release"),
@@ -409,7 +405,7 @@ impl<S: LeaseStore> Candidate<S> {
             let Some(lease) = self.store.get().await? else {
                 return Ok(false);
             };
-            if record::holder(&lease) != Some(self.config.identity.as_str()) {
+            if record::holder(&lease) != Some(self.config.identity()) {
                 return Ok(false);
             }
             match self.store.replace(record::release(lease)).await {

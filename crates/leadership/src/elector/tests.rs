@@ -18,9 +18,8 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 
 fn candidate(store: &MemoryLeaseStore, identity: &str) -> ElectorHandle {
-    LeaseElector::new(LeaseConfig::new("lease", "ns", identity), store.clone())
-        .expect("valid config")
-        .spawn()
+    let config = LeaseConfig::new("lease", "ns", identity, LeaseTimings::default());
+    LeaseElector::new(config.expect("valid config"), store.clone()).spawn()
 }
 
 fn current(handle: &ElectorHandle) -> Option<Term> {

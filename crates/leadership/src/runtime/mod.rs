@@ -63,6 +63,35 @@ pub enum RuntimeError {
     WorkerFailed(String),
 }
 
+/// What an app plugs into the [`Runtime`]: the three things it does for a term.
+///
+/// The runtime calls [`start_term`](Self::start_term) and then [`replay`](Self::replay) under the
+/// gate's lock when a term starts (so the replay runs with the term's fresh state and handlers
+/// registered), and [`reconcile`](Self::reconcile) on a worker for each queued key of that term.
+pub trait Reconciler: Send + Sync + 'static {
+    /// What the queue holds (a Service key, for example).
+    type Key: QueueKey;
+    /// Per-term state, built fresh for every term and dropped with it (a slice tracker, for
+    /// example: state carried across terms can be stale, see the crate docs).
+    type TermState: Send + Sync + 'static;
+    /// Why a reconcile failed; failed keys are retried with backoff.
+    type Error: Display + Send + 'static;
+
+    /// Builds the state of a term that is starting.
+    fn start_term(&self, term: &Term) -> Self::TermState;
+
+    /// Feeds every cached object through the handlers (from the app's caches, not the API),
+    /// enqueueing what they map to; also used for the periodic resync.
+    fn replay(&self, context: &TermContext<Self::Key, Self::TermState>);
+
+    /// Reconciles one key in its term's context; every write must pass the context's fence.
+    fn reconcile(
+        &self,
+        key: Self::Key,
+        context: TermContext<Self::Key, Self::TermState>,
+    ) -> impl Future<Output = Result<Action, Self::Error>> + Send + 'static;
+}
+
 type ReconcileFn<K, S, E> =
     Arc<dyn Fn(K, TermContext<K, S>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync>;
 
@@ -98,22 +127,24 @@ where
     S: Send + Sync + 'static,
     E: Display + Send + 'static,
 {
-    /// A runtime that builds per-term state with `factory`, replays the app's caches with
-    /// `replay` when a term starts, and processes keys with `reconcile`.
-    pub fn new<F, P, R, Fut>(config: RuntimeConfig, factory: F, replay: P, reconcile: R) -> Self
+    /// A runtime driving `app`: its per-term state, replay and reconcile (see [`Reconciler`]).
+    pub fn new<A>(config: RuntimeConfig, app: A) -> Self
     where
-        F: Fn(&Term) -> S + Send + Sync + 'static,
-        P: Fn(&TermContext<K, S>) + Send + Sync + 'static,
-        R: Fn(K, TermContext<K, S>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        A: Reconciler<Key = K, TermState = S, Error = E>,
     {
+        let app = Arc::new(app);
         let queue = WorkQueue::new(&config.queue);
-        let gate = Gate::new(queue.clone(), Arc::new(factory), Arc::new(replay));
+        let (term_app, replay_app) = (app.clone(), app.clone());
+        let gate = Gate::new(
+            queue.clone(),
+            Arc::new(move |term: &Term| term_app.start_term(term)),
+            Arc::new(move |context: &TermContext<K, S>| replay_app.replay(context)),
+        );
         Self {
             config,
             gate,
             queue,
-            reconcile: Arc::new(move |key, context| reconcile(key, context).boxed()),
+            reconcile: Arc::new(move |key, context| app.reconcile(key, context).boxed()),
             fence_metrics: FenceMetrics::default(),
         }
     }

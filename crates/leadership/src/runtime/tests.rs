@@ -16,7 +16,7 @@ use tokio::{
 
 use super::*;
 use crate::{
-    elector::{LeaseConfig, LeaseElector},
+    elector::{LeaseConfig, LeaseElector, LeaseTimings},
     fence::Fenced,
     store::MemoryLeaseStore,
 };
@@ -37,10 +37,73 @@ struct Tracker {
     written: Mutex<HashMap<Key, u64>>,
 }
 
+fn lease_config(identity: &str) -> LeaseConfig {
+    LeaseConfig::new("lease", "ns", identity, LeaseTimings::default()).expect("valid config")
+}
+
 fn elector(store: &MemoryLeaseStore, identity: &str) -> ElectorHandle {
-    LeaseElector::new(LeaseConfig::new("lease", "ns", identity), store.connect())
-        .expect("valid config")
-        .spawn()
+    LeaseElector::new(lease_config(identity), store.connect()).spawn()
+}
+
+/// Marks the types the closures of [`Closures`] produce and take (no values held).
+type Types<T> = std::marker::PhantomData<fn() -> T>;
+
+/// The three parts of a [`Reconciler`] given as closures, so each test shows its app inline.
+struct Closures<F, P, R, Fut, K, S> {
+    start_term: F,
+    replay: P,
+    reconcile: R,
+    _types: Types<(Fut, K, S)>,
+}
+
+fn app<F, P, R, Fut, K, S, E>(
+    start_term: F,
+    replay: P,
+    reconcile: R,
+) -> Closures<F, P, R, Fut, K, S>
+where
+    F: Fn(&Term) -> S + Send + Sync + 'static,
+    P: Fn(&TermContext<K, S>) + Send + Sync + 'static,
+    R: Fn(K, TermContext<K, S>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    Closures {
+        start_term,
+        replay,
+        reconcile,
+        _types: std::marker::PhantomData,
+    }
+}
+
+impl<F, P, R, Fut, K, S, E> Reconciler for Closures<F, P, R, Fut, K, S>
+where
+    K: QueueKey,
+    S: Send + Sync + 'static,
+    E: std::fmt::Display + Send + 'static,
+    F: Fn(&Term) -> S + Send + Sync + 'static,
+    P: Fn(&TermContext<K, S>) + Send + Sync + 'static,
+    R: Fn(K, TermContext<K, S>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    type Key = K;
+    type TermState = S;
+    type Error = E;
+
+    fn start_term(&self, term: &Term) -> S {
+        (self.start_term)(term)
+    }
+
+    fn replay(&self, context: &TermContext<K, S>) {
+        (self.replay)(context)
+    }
+
+    fn reconcile(
+        &self,
+        key: K,
+        context: TermContext<K, S>,
+    ) -> impl Future<Output = Result<Action, E>> + Send + 'static {
+        (self.reconcile)(key, context)
+    }
 }
 
 fn holder(store: &MemoryLeaseStore) -> Option<String> {
@@ -98,20 +161,22 @@ async fn stale_tracker_scenario(fresh_tracker_per_term: bool) -> bool {
     let shared_tracker = Arc::new(Tracker::default());
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        move |_term: &Term| {
-            if fresh_tracker_per_term {
-                Arc::new(Tracker::default())
-            } else {
-                shared_tracker.clone()
-            }
-        },
-        |context: &TermContext<Key, Arc<Tracker>>| {
-            context.enqueue("svc");
-        },
-        {
-            let cluster = cluster.clone();
-            move |key, context| reconcile_slice(cluster.clone(), key, context)
-        },
+        app(
+            move |_term: &Term| {
+                if fresh_tracker_per_term {
+                    Arc::new(Tracker::default())
+                } else {
+                    shared_tracker.clone()
+                }
+            },
+            |context: &TermContext<Key, Arc<Tracker>>| {
+                context.enqueue("svc");
+            },
+            {
+                let cluster = cluster.clone();
+                move |key, context| reconcile_slice(cluster.clone(), key, context)
+            },
+        ),
     );
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
@@ -173,24 +238,26 @@ async fn shutdown_drains_queued_and_in_flight_work_then_releases_the_lease() {
     };
     let runtime = Runtime::new(
         config,
-        |_term: &Term| (),
-        |context: &TermContext<u32, ()>| {
-            for key in 0..15 {
-                context.enqueue(key);
-            }
-        },
-        {
-            let (store, done) = (store.clone(), done.clone());
-            move |key: u32, context: TermContext<u32, ()>| {
-                let (store, done) = (store.clone(), done.clone());
-                async move {
-                    sleep(Duration::from_secs(1)).await;
-                    let fence = context.fence().check();
-                    done.lock().push((key, holder(&store), fence));
-                    Ok::<_, Fenced>(Action::Done)
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                for key in 0..15 {
+                    context.enqueue(key);
                 }
-            }
-        },
+            },
+            {
+                let (store, done) = (store.clone(), done.clone());
+                move |key: u32, context: TermContext<u32, ()>| {
+                    let (store, done) = (store.clone(), done.clone());
+                    async move {
+                        sleep(Duration::from_secs(1)).await;
+                        let fence = context.fence().check();
+                        done.lock().push((key, holder(&store), fence));
+                        Ok::<_, Fenced>(Action::Done)
+                    }
+                }
+            },
+        ),
     );
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
@@ -236,14 +303,16 @@ async fn shutdown_releases_after_the_drain_timeout_when_work_hangs() {
     };
     let runtime = Runtime::new(
         config,
-        |_term: &Term| (),
-        |context: &TermContext<u32, ()>| {
-            context.enqueue(1);
-        },
-        |_key: u32, _context: TermContext<u32, ()>| async {
-            std::future::pending::<()>().await;
-            Ok::<_, Fenced>(Action::Done)
-        },
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                context.enqueue(1);
+            },
+            |_key: u32, _context: TermContext<u32, ()>| async {
+                std::future::pending::<()>().await;
+                Ok::<_, Fenced>(Action::Done)
+            },
+        ),
     );
     let queue = runtime.queue();
     let shutdown = CancellationToken::new();
@@ -267,9 +336,11 @@ async fn a_follower_shuts_down_at_once_and_writes_nothing() {
 
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        |_term: &Term| (),
-        |_context: &TermContext<u32, ()>| {},
-        |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        app(
+            |_term: &Term| (),
+            |_context: &TermContext<u32, ()>| {},
+            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        ),
     );
     let shutdown = CancellationToken::new();
     let follower = elector(&store, "a");
@@ -292,13 +363,13 @@ async fn a_lost_elector_ends_the_runtime_with_an_error() {
     let connection = store.connect();
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        |_term: &Term| (),
-        |_context: &TermContext<u32, ()>| {},
-        |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        app(
+            |_term: &Term| (),
+            |_context: &TermContext<u32, ()>| {},
+            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        ),
     );
-    let elector = LeaseElector::new(LeaseConfig::new("lease", "ns", "a"), connection.clone())
-        .expect("valid")
-        .spawn();
+    let elector = LeaseElector::new(lease_config("a"), connection.clone()).spawn();
     connection.panic_next();
     let result = timeout(
         Duration::from_secs(5),
@@ -319,25 +390,27 @@ async fn in_flight_work_of_a_lost_term_is_fenced_at_its_next_write() {
     let outcome: Arc<Mutex<Option<Result<(), Fenced>>>> = Arc::default();
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        |_term: &Term| (),
-        |context: &TermContext<u32, ()>| {
-            context.enqueue(1);
-        },
-        {
-            let (proceed, outcome) = (proceed.clone(), outcome.clone());
-            move |_key: u32, context: TermContext<u32, ()>| {
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                context.enqueue(1);
+            },
+            {
                 let (proceed, outcome) = (proceed.clone(), outcome.clone());
-                async move {
-                    if outcome.lock().is_some() {
-                        return Ok(Action::Done);
+                move |_key: u32, context: TermContext<u32, ()>| {
+                    let (proceed, outcome) = (proceed.clone(), outcome.clone());
+                    async move {
+                        if outcome.lock().is_some() {
+                            return Ok(Action::Done);
+                        }
+                        proceed.notified().await;
+                        let result = context.fence().check();
+                        *outcome.lock() = Some(result.clone());
+                        result.map(|()| Action::Done)
                     }
-                    proceed.notified().await;
-                    let result = context.fence().check();
-                    *outcome.lock() = Some(result.clone());
-                    result.map(|()| Action::Done)
                 }
-            }
-        },
+            },
+        ),
     );
     let (queue, gate, fenced) = (runtime.queue(), runtime.gate(), runtime.fence_metrics());
     let shutdown = CancellationToken::new();
@@ -382,14 +455,16 @@ async fn terms_driven_externally_and_periodic_resync_replays_while_leading() {
     };
     let runtime = Runtime::new(
         config,
-        |_term: &Term| (),
-        {
-            let replays = replays.clone();
-            move |_context: &TermContext<u32, ()>| {
-                replays.fetch_add(1, Ordering::SeqCst);
-            }
-        },
-        |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        app(
+            |_term: &Term| (),
+            {
+                let replays = replays.clone();
+                move |_context: &TermContext<u32, ()>| {
+                    replays.fetch_add(1, Ordering::SeqCst);
+                }
+            },
+            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        ),
     );
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
@@ -420,9 +495,11 @@ async fn a_dropped_external_leadership_source_means_following() {
     let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        |_term: &Term| (),
-        |_context: &TermContext<u32, ()>| {},
-        |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        app(
+            |_term: &Term| (),
+            |_context: &TermContext<u32, ()>| {},
+            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+        ),
     );
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
@@ -453,15 +530,17 @@ async fn a_panicking_reconcile_ends_the_runtime_visibly() {
     let (_leadership, receiver) = watch::channel(Some(Term::unbounded()));
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        |_term: &Term| (),
-        |context: &TermContext<u32, ()>| {
-            context.enqueue(1);
-        },
-        |_key: u32, _context: TermContext<u32, ()>| async {
-            panic!("bug in reconcile");
-            #[allow(unreachable_code)]
-            Ok::<_, Fenced>(Action::Done)
-        },
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                context.enqueue(1);
+            },
+            |_key: u32, _context: TermContext<u32, ()>| async {
+                panic!("bug in reconcile");
+                #[allow(unreachable_code)]
+                Ok::<_, Fenced>(Action::Done)
+            },
+        ),
     );
     let result = timeout(
         Duration::from_secs(1),
@@ -481,22 +560,24 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
     let started = Arc::new(Notify::new());
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        |_term: &Term| (),
-        |context: &TermContext<u32, ()>| {
-            context.enqueue(1);
-        },
-        {
-            let started = started.clone();
-            move |_key: u32, _context: TermContext<u32, ()>| {
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                context.enqueue(1);
+            },
+            {
                 let started = started.clone();
-                async move {
-                    // A write hanging on a dead connection.
-                    started.notify_one();
-                    std::future::pending::<()>().await;
-                    Ok::<_, Fenced>(Action::Done)
+                move |_key: u32, _context: TermContext<u32, ()>| {
+                    let started = started.clone();
+                    async move {
+                        // A write hanging on a dead connection.
+                        started.notify_one();
+                        std::future::pending::<()>().await;
+                        Ok::<_, Fenced>(Action::Done)
+                    }
                 }
-            }
-        },
+            },
+        ),
     );
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
