@@ -13,7 +13,7 @@ use kube::{
 };
 use leadership::Fence;
 use parking_lot::Mutex;
-use slices::{Diagnostic, ServiceKey};
+use slices::{Diagnostic, ProblemKind, ServiceKey};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
@@ -56,17 +56,17 @@ impl Diagnostics {
         metrics: &Metrics,
     ) {
         for diagnostic in diagnostics {
-            let reason = diagnostic.problem.reason();
+            let kind = diagnostic.problem.kind();
             metrics
                 .invalid_workload_data
-                .get_or_create(&crate::metrics::ReasonLabels { reason })
+                .get_or_create(&kind.into())
                 .inc();
             if !self.should_publish(key, diagnostic) {
                 continue;
             }
             tracing::warn!(
                 workload = %diagnostic.workload,
-                reason,
+                reason = kind.as_str(),
                 "{}", diagnostic.problem
             );
             if fence.check().is_err() {
@@ -75,7 +75,7 @@ impl Diagnostics {
             }
             let event = Event {
                 type_: EventType::Warning,
-                reason: event_reason(reason).to_string(),
+                reason: event_reason(kind).to_string(),
                 note: Some(format!(
                     "ExternalWorkload {}: {}",
                     diagnostic.workload, diagnostic.problem
@@ -123,13 +123,13 @@ impl Diagnostics {
     }
 }
 
-fn event_reason(reason: &str) -> &'static str {
-    match reason {
-        "invalid_ip" => "InvalidWorkloadIP",
-        "unresolved_port" => "UnresolvedWorkloadPort",
-        "invalid_port" => "InvalidWorkloadPort",
-        "invalid_hostname" => "InvalidWorkloadHostname",
-        _ => "InvalidWorkloadData",
+/// The Event reason (CamelCase, as Kubernetes spells them) of each kind of problem.
+fn event_reason(kind: ProblemKind) -> &'static str {
+    match kind {
+        ProblemKind::InvalidIp => "InvalidWorkloadIP",
+        ProblemKind::UnresolvedPort => "UnresolvedWorkloadPort",
+        ProblemKind::InvalidPort => "InvalidWorkloadPort",
+        ProblemKind::InvalidHostname => "InvalidWorkloadHostname",
     }
 }
 

@@ -14,15 +14,7 @@ use prometheus_client::{
 };
 
 use leadership::{ElectorMetrics, FenceMetrics, Leadership, WorkQueue};
-use slices::ServiceKey;
-
-/// Every value of `slices::Problem::reason` (checked by a test below).
-const PROBLEM_REASONS: [&str; 4] = [
-    "invalid_ip",
-    "unresolved_port",
-    "invalid_port",
-    "invalid_hostname",
-];
+use slices::{ProblemKind, ServiceKey};
 
 /// Counters and histograms the reconcile path updates.
 #[derive(Clone, Debug)]
@@ -81,11 +73,19 @@ pub struct WriteLabels {
     pub operation: Operation,
 }
 
-/// Label set with a bounded reason (from `slices::Problem::reason`).
+/// Label set with a bounded reason (a `slices::ProblemKind`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// The reason.
+    /// The reason: a [`ProblemKind`] in snake case.
     pub reason: &'static str,
+}
+
+impl From<ProblemKind> for ReasonLabels {
+    fn from(kind: ProblemKind) -> Self {
+        Self {
+            reason: kind.as_str(),
+        }
+    }
 }
 
 /// Label set with a watched kind.
@@ -132,10 +132,10 @@ impl Metrics {
             metrics.slice_writes.get_or_create(&labels).inc_by(0);
             metrics.slice_write_errors.get_or_create(&labels).inc_by(0);
         }
-        for reason in PROBLEM_REASONS {
+        for kind in ProblemKind::ALL {
             metrics
                 .invalid_workload_data
-                .get_or_create(&ReasonLabels { reason })
+                .get_or_create(&ReasonLabels::from(kind))
                 .inc_by(0);
         }
         registry.register(
@@ -288,26 +288,20 @@ fn counter(
 
 #[cfg(test)]
 mod tests {
-    use slices::Problem;
-
     use super::*;
 
     #[test]
-    fn every_problem_reason_is_pre_registered() {
-        let problems = [
-            Problem::InvalidIp { value: "x".into() },
-            Problem::UnresolvedPort {
-                port_name: "http".into(),
-                protocol: "TCP".into(),
-            },
-            Problem::InvalidPort {
-                port_name: "http".into(),
-                value: 0,
-            },
-            Problem::InvalidHostname { value: "X".into() },
-        ];
-        for problem in problems {
-            assert!(PROBLEM_REASONS.contains(&problem.reason()), "{problem:?}");
+    fn every_problem_kind_is_pre_registered() {
+        let mut registry = Registry::default();
+        Metrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for kind in ProblemKind::ALL {
+            let line = format!(
+                "invalid_workload_data_total{{reason=\"{}\"}} 0",
+                kind.as_str()
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
         }
     }
 

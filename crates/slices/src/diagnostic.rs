@@ -43,16 +43,56 @@ pub enum Problem {
     },
 }
 
+/// The kind of a [`Problem`], without its values: a bounded set, fit for metric labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProblemKind {
+    /// [`Problem::InvalidIp`].
+    InvalidIp,
+    /// [`Problem::UnresolvedPort`].
+    UnresolvedPort,
+    /// [`Problem::InvalidPort`].
+    InvalidPort,
+    /// [`Problem::InvalidHostname`].
+    InvalidHostname,
+}
+
 // === impl Problem ===
 
 impl Problem {
+    /// Its kind.
+    pub fn kind(&self) -> ProblemKind {
+        match self {
+            Problem::InvalidIp { .. } => ProblemKind::InvalidIp,
+            Problem::UnresolvedPort { .. } => ProblemKind::UnresolvedPort,
+            Problem::InvalidPort { .. } => ProblemKind::InvalidPort,
+            Problem::InvalidHostname { .. } => ProblemKind::InvalidHostname,
+        }
+    }
+
     /// A bounded reason, fit for a metric label or an Event reason suffix.
     pub fn reason(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+// === impl ProblemKind ===
+
+impl ProblemKind {
+    /// Every kind, so that a metrics layer can start each counter at zero.
+    pub const ALL: [ProblemKind; 4] = [
+        ProblemKind::InvalidIp,
+        ProblemKind::UnresolvedPort,
+        ProblemKind::InvalidPort,
+        ProblemKind::InvalidHostname,
+    ];
+
+    /// The kind in snake case (`invalid_ip`), as metrics and Events name it.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Problem::InvalidIp { .. } => "invalid_ip",
-            Problem::UnresolvedPort { .. } => "unresolved_port",
-            Problem::InvalidPort { .. } => "invalid_port",
-            Problem::InvalidHostname { .. } => "invalid_hostname",
+            ProblemKind::InvalidIp => "invalid_ip",
+            ProblemKind::UnresolvedPort => "unresolved_port",
+            ProblemKind::InvalidPort => "invalid_port",
+            ProblemKind::InvalidHostname => "invalid_hostname",
         }
     }
 }

@@ -40,7 +40,7 @@ pub mod testing;
 pub use config::{
     Config, ConfigError, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, MAX_ENDPOINTS_LIMIT,
 };
-pub use diagnostic::{Diagnostic, Problem};
+pub use diagnostic::{Diagnostic, Problem, ProblemKind};
 pub use key::ServiceKey;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
