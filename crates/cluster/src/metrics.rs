@@ -56,7 +56,7 @@ pub struct OutcomeLabels {
 }
 
 /// A slice write operation.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Operation {
     /// A create.
     Create,

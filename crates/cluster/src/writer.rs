@@ -170,47 +170,35 @@ pub async fn write_plan<W: SliceApi>(
         }
         // Immediately before the call: a deposed leader writes nothing.
         fence.check()?;
-        match write {
-            Write::Create(slice) => match api.create(namespace, slice).await {
-                Ok(created) => {
-                    tracker.lock().record_write(key, &created);
-                    metrics.count_write(Operation::Create);
-                    written.created += 1;
-                    tracing::debug!(slice = %slice_name(&created), "created slice");
-                }
-                Err(error) => {
-                    metrics.count_write_error(Operation::Create);
-                    first_error.get_or_insert(WriteError::from_api(slice, error));
-                }
-            },
-            Write::Update(slice) => match api.replace(namespace, slice).await {
-                Ok(updated) => {
-                    tracker.lock().record_write(key, &updated);
-                    metrics.count_write(Operation::Update);
-                    written.updated += 1;
-                    tracing::debug!(slice = %slice_name(&updated), "updated slice");
-                }
-                Err(error) => {
-                    metrics.count_write_error(Operation::Update);
-                    first_error.get_or_insert(WriteError::from_api(slice, error));
-                }
-            },
+        let (operation, slice, sent, count) = match write {
+            Write::Create(slice) => (
+                Operation::Create,
+                slice,
+                api.create(namespace, slice).await,
+                &mut written.created,
+            ),
+            Write::Update(slice) => (
+                Operation::Update,
+                slice,
+                api.replace(namespace, slice).await,
+                &mut written.updated,
+            ),
             Write::Delete(slice) => {
-                let name = slice_name(slice);
-                let uid = slice.metadata.uid.as_deref();
-                match api.delete(namespace, &name, uid).await {
-                    Ok(()) => {}
-                    // Already gone (or replaced by another object of that name): success.
-                    Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
-                    Err(error) => {
-                        metrics.count_write_error(Operation::Delete);
-                        return Err(WriteError::from_api(slice, error));
-                    }
-                }
-                tracker.lock().record_delete(key, slice);
-                metrics.count_write(Operation::Delete);
+                delete(api, key, slice, tracker, metrics).await?;
                 written.deleted += 1;
-                tracing::debug!(slice = %name, "deleted slice");
+                continue;
+            }
+        };
+        match sent {
+            Ok(stored) => {
+                tracker.lock().record_write(key, &stored);
+                metrics.count_write(operation);
+                *count += 1;
+                tracing::debug!(slice = %slice_name(&stored), ?operation, "wrote slice");
+            }
+            Err(error) => {
+                metrics.count_write_error(operation);
+                first_error.get_or_insert(WriteError::from_api(slice, error));
             }
         }
     }
@@ -218,6 +206,31 @@ pub async fn write_plan<W: SliceApi>(
         Some(error) => Err(error),
         None => Ok(written),
     }
+}
+
+/// Deletes `slice` (only that object, by UID); gone already counts as deleted.
+async fn delete<W: SliceApi>(
+    api: &W,
+    key: &ServiceKey,
+    slice: &EndpointSlice,
+    tracker: &Mutex<Tracker>,
+    metrics: &Metrics,
+) -> Result<(), WriteError> {
+    let name = slice_name(slice);
+    let uid = slice.metadata.uid.as_deref();
+    match api.delete(&key.namespace, &name, uid).await {
+        Ok(()) => {}
+        // Already gone (or replaced by another object of that name): success.
+        Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
+        Err(error) => {
+            metrics.count_write_error(Operation::Delete);
+            return Err(WriteError::from_api(slice, error));
+        }
+    }
+    tracker.lock().record_delete(key, slice);
+    metrics.count_write(Operation::Delete);
+    tracing::debug!(slice = %name, "deleted slice");
+    Ok(())
 }
 
 fn slice_name(slice: &EndpointSlice) -> String {
@@ -234,5 +247,263 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
     match error {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The write path against a fake [`SliceApi`] that fails or ends the term at exact calls.
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use std::collections::HashMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::core::Status;
+    use leadership::{FenceMetrics, LeadershipSender, Term, fixed_leadership};
+    use prometheus_client::registry::Registry;
+    use slices::SERVICE_NAME_LABEL;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const NAMESPACE: &str = "ns";
+
+    /// Records every call as `"create <generateName>"`, `"replace <name>"` or `"delete <name>"`;
+    /// answers a call listed in `failures` with that HTTP status, and after `end_term_after`
+    /// calls ends the term (as a lost lease would, between two calls of one pass).
+    #[derive(Default)]
+    struct FakeSlices {
+        calls: Mutex<Vec<String>>,
+        failures: HashMap<String, u16>,
+        end_term_after: Option<(usize, LeadershipSender)>,
+    }
+
+    fn slice(name: &str, generate_name: bool) -> EndpointSlice {
+        let mut metadata = ObjectMeta {
+            namespace: Some(NAMESPACE.into()),
+            uid: Some(format!("uid-{name}")),
+            labels: Some([(SERVICE_NAME_LABEL.to_owned(), "web".to_owned())].into()),
+            ..ObjectMeta::default()
+        };
+        if generate_name {
+            metadata.generate_name = Some(name.into());
+        } else {
+            metadata.name = Some(name.into());
+        }
+        EndpointSlice {
+            metadata,
+            ..EndpointSlice::default()
+        }
+    }
+
+    fn plan(creates: &[&str], updates: &[&str], deletes: &[&str]) -> SlicePlan {
+        let existing = |names: &[&str]| names.iter().map(|name| slice(name, false)).collect();
+        SlicePlan {
+            creates: creates.iter().map(|name| slice(name, true)).collect(),
+            updates: existing(updates),
+            deletes: existing(deletes),
+            diagnostics: Vec::new(),
+        }
+    }
+
+    fn failing(calls: &[(&str, u16)]) -> FakeSlices {
+        FakeSlices {
+            failures: calls
+                .iter()
+                .map(|(call, code)| ((*call).into(), *code))
+                .collect(),
+            ..FakeSlices::default()
+        }
+    }
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(
+            Status::failure("injected", "Injected")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    /// The parts one pass needs: a fence of a term that lasts, a tracker, metrics.
+    struct Pass {
+        fence: Fence,
+        sender: LeadershipSender,
+        tracker: Mutex<Tracker>,
+        metrics: Metrics,
+    }
+
+    impl Pass {
+        fn new() -> Self {
+            let term = Term::new(Instant::now(), std::time::Duration::from_secs(3600));
+            let (sender, leadership) = fixed_leadership(term.clone());
+            let fence = Fence::new(
+                term,
+                leadership,
+                std::time::Duration::ZERO,
+                FenceMetrics::default(),
+            );
+            Self {
+                fence,
+                sender,
+                tracker: Mutex::new(Tracker::new()),
+                metrics: Metrics::register(&mut Registry::default()),
+            }
+        }
+
+        async fn write(&self, api: &FakeSlices, plan: &SlicePlan) -> Result<Written, WriteError> {
+            let key = ServiceKey::new(NAMESPACE, "web");
+            write_plan(api, &key, plan, &self.fence, &self.tracker, &self.metrics).await
+        }
+    }
+
+    impl FakeSlices {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().clone()
+        }
+
+        fn answer(&self, call: String) -> Result<(), kube::Error> {
+            let failure = self.failures.get(&call).copied();
+            let count = {
+                let mut calls = self.calls.lock();
+                calls.push(call);
+                calls.len()
+            };
+            if let Some((after, sender)) = &self.end_term_after
+                && count == *after
+            {
+                sender.send_replace(None);
+            }
+            failure.map_or(Ok(()), |code| Err(status(code)))
+        }
+    }
+
+    impl SliceApi for FakeSlices {
+        async fn create(
+            &self,
+            _namespace: &str,
+            slice: &EndpointSlice,
+        ) -> Result<EndpointSlice, kube::Error> {
+            let prefix = slice.metadata.generate_name.clone().unwrap_or_default();
+            self.answer(format!("create {prefix}"))?;
+            let mut created = slice.clone();
+            created.metadata.name = Some(format!("{prefix}x1"));
+            created.metadata.generation = Some(1);
+            created.metadata.resource_version = Some("1".into());
+            Ok(created)
+        }
+
+        async fn replace(
+            &self,
+            _namespace: &str,
+            slice: &EndpointSlice,
+        ) -> Result<EndpointSlice, kube::Error> {
+            self.answer(format!("replace {}", slice_name(slice)))?;
+            let mut updated = slice.clone();
+            updated.metadata.generation = Some(2);
+            updated.metadata.resource_version = Some("2".into());
+            Ok(updated)
+        }
+
+        async fn delete(
+            &self,
+            _namespace: &str,
+            name: &str,
+            uid: Option<&str>,
+        ) -> Result<(), kube::Error> {
+            assert_eq!(uid, Some(format!("uid-{name}").as_str()), "delete by UID");
+            self.answer(format!("delete {name}"))
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_creates_then_updates_then_deletes_and_records_each() {
+        let api = FakeSlices::default();
+        let pass = Pass::new();
+        let plan = plan(&["web-"], &["web-a"], &["web-b"]);
+        let written = pass.write(&api, &plan).await.unwrap();
+        assert_eq!(
+            api.calls(),
+            ["create web-", "replace web-a", "delete web-b"]
+        );
+        let expected = Written {
+            created: 1,
+            updated: 1,
+            deleted: 1,
+        };
+        assert_eq!(written, expected);
+        let tracker = pass.tracker.lock();
+        let mut created = slice("web-x1", false);
+        created.metadata.resource_version = Some("1".into());
+        assert!(tracker.is_own_write(&created), "create recorded");
+        assert!(
+            tracker.is_expected_delete(&slice("web-b", false)),
+            "delete recorded"
+        );
+    }
+
+    #[tokio::test]
+    async fn failed_create_sends_the_updates_but_no_delete() {
+        let api = failing(&[("create web-", 500)]);
+        let pass = Pass::new();
+        let plan = plan(&["web-"], &["web-a"], &["web-b", "web-c"]);
+        let error = pass.write(&api, &plan).await.unwrap_err();
+        assert!(matches!(error, WriteError::Api { .. }), "{error:?}");
+        assert_eq!(api.calls(), ["create web-", "replace web-a"]);
+    }
+
+    #[tokio::test]
+    async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
+        let api = failing(&[("replace web-a", 409)]);
+        let pass = Pass::new();
+        let plan = plan(&[], &["web-a", "web-b"], &["web-c"]);
+        let error = pass.write(&api, &plan).await.unwrap_err();
+        assert!(matches!(error, WriteError::Conflict { .. }), "{error:?}");
+        assert_eq!(api.calls(), ["replace web-a", "replace web-b"]);
+    }
+
+    #[tokio::test]
+    async fn delete_answered_not_found_or_conflict_counts_as_deleted() {
+        let api = failing(&[("delete web-a", 404), ("delete web-b", 409)]);
+        let pass = Pass::new();
+        let written = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+        assert_eq!(written.unwrap().deleted, 2);
+        let tracker = pass.tracker.lock();
+        assert!(tracker.is_expected_delete(&slice("web-a", false)));
+        assert!(tracker.is_expected_delete(&slice("web-b", false)));
+    }
+
+    #[tokio::test]
+    async fn failed_delete_stops_the_pass() {
+        let api = failing(&[("delete web-a", 500)]);
+        let pass = Pass::new();
+        let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+        assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
+        assert_eq!(api.calls(), ["delete web-a"]);
+        assert!(
+            !pass
+                .tracker
+                .lock()
+                .is_expected_delete(&slice("web-a", false))
+        );
+    }
+
+    #[tokio::test]
+    async fn term_ending_mid_pass_fences_every_later_call() {
+        let pass = Pass::new();
+        let api = FakeSlices {
+            end_term_after: Some((1, pass.sender.clone())),
+            ..FakeSlices::default()
+        };
+        let plan = plan(&["web-"], &["web-a"], &["web-b"]);
+        let error = pass.write(&api, &plan).await.unwrap_err();
+        assert!(
+            matches!(error, WriteError::Fenced(Fenced::TermEnded { .. })),
+            "{error:?}"
+        );
+        assert_eq!(
+            api.calls(),
+            ["create web-"],
+            "nothing sent after the term ended"
+        );
     }
 }
