@@ -30,7 +30,6 @@ pub struct Health {
 pub struct Admin {
     health: Arc<Health>,
     registry: Registry,
-    refresh: Box<dyn Fn() + Send + Sync>,
 }
 
 // === impl Health ===
@@ -55,17 +54,9 @@ impl Health {
 // === impl Admin ===
 
 impl Admin {
-    /// `refresh` runs before each scrape, to copy values kept elsewhere into the registry.
-    pub fn new(
-        health: Arc<Health>,
-        registry: Registry,
-        refresh: impl Fn() + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            health,
-            registry,
-            refresh: Box::new(refresh),
-        }
+    /// Serves `health` and `registry` (whose collectors read their values at scrape time).
+    pub fn new(health: Arc<Health>, registry: Registry) -> Self {
+        Self { health, registry }
     }
 
     /// Binds `addr`, returning the bound address and the serving future (runs until `shutdown`).
@@ -110,7 +101,6 @@ impl Admin {
             "/ready" if self.health.is_ready() => text(StatusCode::OK, "ready\n".into()),
             "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
             "/metrics" => {
-                (self.refresh)();
                 let mut body = String::new();
                 match prometheus_client::encoding::text::encode(&mut body, &self.registry) {
                     Ok(()) => {
@@ -168,7 +158,7 @@ mod tests {
     #[test]
     fn ready_follows_cache_sync_and_shutdown() {
         let health = Arc::new(Health::default());
-        let admin = Admin::new(health.clone(), Registry::default(), || {});
+        let admin = Admin::new(health.clone(), Registry::default());
         assert_eq!(get(&admin, "/live").0, StatusCode::OK);
         assert_eq!(get(&admin, "/ready").0, StatusCode::SERVICE_UNAVAILABLE);
         health.set_caches_synced();
@@ -179,14 +169,13 @@ mod tests {
     }
 
     #[test]
-    fn metrics_are_refreshed_then_encoded() {
+    fn metrics_are_encoded_at_scrape_time() {
         use prometheus_client::metrics::gauge::Gauge;
         let mut registry = Registry::default();
         let gauge = Gauge::<i64>::default();
         registry.register("answer", "A test gauge", gauge.clone());
-        let admin = Admin::new(Arc::new(Health::default()), registry, move || {
-            gauge.set(42);
-        });
+        let admin = Admin::new(Arc::new(Health::default()), registry);
+        gauge.set(42);
         let (status, body) = get(&admin, "/metrics");
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("answer 42"), "{body}");

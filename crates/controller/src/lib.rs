@@ -39,7 +39,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     let health = Arc::new(Health::default());
-    let admin = Admin::new(health.clone(), registry, || {});
+    let admin = Admin::new(health.clone(), registry);
     let (admin_addr, serve_admin) = admin
         .bind(args.admin_addr, shutdown.child_token())
         .await
