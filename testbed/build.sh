@@ -2,6 +2,9 @@
 # Builds the control plane binaries used by the integration tests from Go modules:
 #   kube-apiserver, kubectl  from k8s.io/kubernetes   ($K8S_VERSION)
 #   etcd                     from go.etcd.io/etcd/server/v3 ($ETCD_VERSION)
+#   contender                from testbed/contender (client-go leader election, for the interop
+#                            tests); rebuilt whenever its sources change, even when the other
+#                            binaries are already cached
 # No prebuilt binaries are downloaded: only Go modules, through the Go module proxy.
 #
 # Output:   ${EXTERNAL_ENDPOINTS_TESTBED_CACHE:-$HOME/.cache/external-endpoints/testbed}/<k8s>-etcd<etcd>/
@@ -36,6 +39,17 @@ trap 'log "failed (line $LINENO): $BASH_COMMAND"' ERR
 all_present() {
   local b
   for b in "${wanted[@]}"; do [[ -x "$out/$b" ]] || return 1; done
+  contender_fresh
+}
+
+# The contender is built from sources in this repository: its stamp records their hash.
+contender_src="$here/contender"
+contender_hash() {
+  cat "$contender_src/go.mod" "$contender_src/go.sum" "$contender_src"/*.go | sha256sum | cut -d' ' -f1
+}
+contender_fresh() {
+  [[ -x "$out/contender" && -f "$out/.contender.stamp" ]] &&
+    [[ "$(cat "$out/.contender.stamp")" == "$(contender_hash)" ]]
 }
 
 if all_present; then
@@ -73,6 +87,7 @@ module_field() { # <module@version> <json field>
 
 # ---------------------------------------------------------------- etcd
 build_etcd() {
+  if [[ -x "$out/etcd" ]]; then log "etcd present"; return; fi
   local dir="$work/etcd"
   mkdir -p "$dir"
   if [[ ! -f "$dir/go.sum" ]]; then
@@ -105,6 +120,11 @@ EOM
 
 # ---------------------------------------------------------------- kubernetes
 build_kubernetes() {
+  local b missing=0
+  for b in "${wanted[@]}"; do
+    [[ "$b" == etcd || -x "$out/$b" ]] || missing=1
+  done
+  if [[ $missing == 0 ]]; then log "kubernetes binaries present"; return; fi
   local dir="$work/kubernetes"
   local staging_version="v0.${K8S_VERSION#v1.}"
   mkdir -p "$dir"
@@ -189,8 +209,24 @@ EOM
   done
 }
 
+# ---------------------------------------------------------------- contender
+build_contender() {
+  if contender_fresh; then log "contender present"; return; fi
+  local hash t0
+  hash=$(contender_hash)
+  log "building contender ($contender_src) ..."
+  t0=$(date +%s)
+  # go.mod and go.sum are committed: read-only, so the build never edits the repository.
+  (cd "$contender_src" && GOFLAGS="-mod=readonly" go build -trimpath -ldflags "-s -w" \
+    -o "$out/.contender.tmp" .)
+  mv -f "$out/.contender.tmp" "$out/contender"
+  echo "$hash" >"$out/.contender.stamp"
+  log "built contender in $(( $(date +%s) - t0 ))s"
+}
+
 build_etcd
 build_kubernetes
+build_contender
 
 log "done in $(( $(date +%s) - start ))s; binaries in $out"
 echo "$out"

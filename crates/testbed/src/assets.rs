@@ -35,6 +35,9 @@ pub struct Binaries {
     /// `kube-controller-manager`, when one was built next to the servers (`TESTBED_BUILD_KCM=1
     /// testbed/build.sh`) or `TEST_ASSET_KUBE_CONTROLLER_MANAGER` names one.
     pub kube_controller_manager: Option<PathBuf>,
+    /// `contender`, the client-go leader election contender built from `testbed/contender`
+    /// next to the servers, or the file `TEST_ASSET_CONTENDER` names.
+    pub contender: Option<PathBuf>,
 }
 
 // === impl Versions ===
@@ -124,11 +127,13 @@ impl Binaries {
             "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
             "kube-controller-manager",
         );
+        let contender = optional("TEST_ASSET_CONTENDER", "contender");
         Ok(Self {
             kube_apiserver,
             etcd,
             kubectl,
             kube_controller_manager,
+            contender,
         })
     }
 }
