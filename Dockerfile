@@ -1,5 +1,6 @@
-# Multi-stage build of the controller image. Not built by CI here (no container engine); provided
-# for users.
+# Multi-stage build of the controller image. `.ci/run` builds it when a container engine answers;
+# without one, the interop test image_binary_runs_as_non_root_with_a_read_only_root_filesystem runs
+# the package's binary as 65532 with a read-only root, as the runtime stage and the Deployment do.
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY . .
