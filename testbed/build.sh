@@ -217,7 +217,7 @@ build_contender() {
   log "building contender ($contender_src) ..."
   t0=$(date +%s)
   # go.mod and go.sum are committed: read-only, so the build never edits the repository.
-  (cd "$contender_src" && GOFLAGS="-mod=readonly" go build -trimpath -ldflags "-s -w" \
+  (cd "$contender_src" && GOFLAGS="-mod=readonly -buildvcs=false" go build -trimpath -ldflags "-s -w" \
     -o "$out/.contender.tmp" .)
   mv -f "$out/.contender.tmp" "$out/contender"
   echo "$hash" >"$out/.contender.stamp"
