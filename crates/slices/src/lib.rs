@@ -30,19 +30,28 @@ mod diagnostic;
 mod key;
 pub mod keys;
 mod labels;
+mod model;
 mod pack;
 mod plan;
+mod text;
 mod tracker;
 
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use config::{Config, ConfigError, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX};
+pub use desired::Family;
 pub use diagnostic::{Diagnostic, Problem};
 pub use key::ServiceKey;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
     selects,
 };
-pub use plan::{SlicePlan, Write, plan_slices};
+pub use model::{
+    CachedEndpoint, CachedOwner, CachedService, CachedServicePort, CachedSlice, CachedSlicePort,
+    CachedTarget, CachedWorkload, CachedWorkloadPort, Conditions, Families, SliceAddress,
+    TargetPort, WorkloadAddress,
+};
+pub use plan::{SlicePlan, Write, plan_cached, plan_slices};
+pub use text::{Intern, Labels, NoIntern, Text, Token};
 pub use tracker::{Freshness, StaleReason, Tracker};
