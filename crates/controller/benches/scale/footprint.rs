@@ -144,6 +144,16 @@ pub async fn measure(client: &Client, started: Instant) -> Footprint {
         pooled: caches.interner.len(),
         relist: (before, peak),
     };
+    progress(
+        started,
+        format!(
+            "cached struct sizes (before their heap parts): Service {} B, workload {} B, slice {} B, endpoint {} B",
+            std::mem::size_of::<slices::CachedService>(),
+            std::mem::size_of::<slices::CachedWorkload>(),
+            std::mem::size_of::<slices::CachedSlice>(),
+            std::mem::size_of::<slices::CachedEndpoint>(),
+        ),
+    );
     for (kind, count, bytes) in &footprint.kinds {
         progress(
             started,
