@@ -372,7 +372,7 @@ async fn details(
 }
 
 fn point_rows(table: &mut Table, point: &Point) {
-    let at = format!("{}k/{}k", point.services / 1000, point.workloads / 1000);
+    let at = format!("{} Svc / {} EW", point.services, point.workloads);
     table.row(
         &format!("{at}: leader, process start → caches synced"),
         "s",
@@ -453,11 +453,7 @@ fn linearity(points: &[Point]) {
     println!("### growth per 1,000 Services (+5,000 workloads, +1,000 slices)\n");
     let mut header = "| measure |".to_string();
     for pair in points.windows(2) {
-        header.push_str(&format!(
-            " {}k → {}k |",
-            pair[0].services / 1000,
-            pair[1].services / 1000
-        ));
+        header.push_str(&format!(" {} → {} |", pair[0].services, pair[1].services));
     }
     println!("{header} linear? |");
     println!("|---{}|---|", "|---".repeat(points.len() - 1));
