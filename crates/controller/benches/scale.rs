@@ -262,13 +262,23 @@ async fn measure_point(setup: &Setup<'_>, services: usize) -> Point {
         follower.wait_ready(Duration::from_secs(900)).await;
     }
 
-    if services == setup.detail_at {
-        details(setup, &spec, services, &leader, &follower, &point).await;
-    }
+    let details = if services == setup.detail_at {
+        Some(details(setup, &spec, &leader, &follower, &point).await)
+    } else {
+        None
+    };
     leader.terminate();
     follower.terminate();
     leader.wait_exit(Duration::from_secs(60)).await;
     follower.wait_exit(Duration::from_secs(60)).await;
+    if let Some(mut table) = details {
+        loads(setup, &spec, services, &mut table).await;
+        table.print(&format!(
+            "scale details at {services} Services, {} workloads, load average {}",
+            services * setup.per_service,
+            load_average()
+        ));
+    }
     point
 }
 
@@ -276,11 +286,10 @@ async fn measure_point(setup: &Setup<'_>, services: usize) -> Point {
 async fn details(
     setup: &Setup<'_>,
     spec: &ReplicaSpec,
-    services: usize,
     leader: &Replica,
     follower: &Replica,
     point: &Point,
-) {
+) -> Table {
     let started = setup.started;
     let mut table = Table::default();
     point_rows(&mut table, point);
@@ -327,48 +336,54 @@ async fn details(
         spec.lease_duration_seconds = Some(1);
     })
     .await;
-    let leading = poll(
+    poll(
         "a replica to lead again",
         Duration::from_secs(60),
         Duration::from_millis(50),
-        || async {
-            if leader.leading().await {
-                Some(leader)
-            } else if follower.leading().await {
-                Some(follower)
-            } else {
-                None
-            }
-        },
+        || async { (leader.leading().await || follower.leading().await).then_some(()) },
     )
     .await;
-    wait_checked(leading, services, Duration::from_secs(300), started).await;
 
     // Bytes per cached object, by kind (this process builds the same caches).
     let footprint = footprint::measure(&setup.client, setup.started).await;
     footprint.rows(&mut table);
 
-    // Sustained load on the leader.
+    table
+}
+
+/// Sustained load on a fresh leader, once per worker count.
+async fn loads(setup: &Setup<'_>, spec: &ReplicaSpec, services: usize, table: &mut Table) {
+    let started = setup.started;
+    // Sustained load on the leader, once per worker count (each a fresh leader).
     let settings = load::Settings {
         rate: env_usize("SCALE_LOAD_RATE", 200),
         seconds: env_usize("SCALE_LOAD_SECS", 120),
         services: env_usize("SCALE_LOAD_SERVICES", 1_000),
         per_service: setup.per_service,
     };
-    let result = load::run(
-        &setup.client,
-        &setup.namespaces,
-        leading,
-        &settings,
-        started,
-    )
-    .await;
-    result.rows(&mut table, &settings);
-
-    table.print(&format!(
-        "scale details at {services} Services, {} workloads",
-        services * setup.per_service
-    ));
+    for workers in env_list("SCALE_LOAD_WORKERS", &[4, 16]) {
+        let spec = ReplicaSpec {
+            lease_name: format!("bench-scale-load-{workers}"),
+            extra: vec!["--workers".to_string(), workers.to_string()],
+            ..spec.clone()
+        };
+        let mut replica =
+            Replica::start(setup.kubeconfig, &spec, &format!("load-w{workers}")).await;
+        replica.wait_ready(Duration::from_secs(900)).await;
+        replica.wait_leading(Duration::from_secs(120)).await;
+        wait_checked(&replica, services, Duration::from_secs(300), started).await;
+        let result = load::run(
+            &setup.client,
+            &setup.namespaces,
+            &replica,
+            &settings,
+            started,
+        )
+        .await;
+        result.rows(table, &settings, workers);
+        replica.terminate();
+        replica.wait_exit(Duration::from_secs(60)).await;
+    }
 }
 
 fn point_rows(table: &mut Table, point: &Point) {

@@ -194,11 +194,18 @@ pub async fn run(
     let mut last_report = Instant::now();
     for seq in 0..total {
         ticker.tick().await;
-        // A workload with no change in flight.
+        // A workload with no change in flight (waiting, not spinning, when every one has).
         let id = loop {
             let id = &ids[spread.next(ids.len())];
-            if !tracking.lock().in_flight.contains_key(id) {
-                break id.clone();
+            let busy = {
+                let tracking = tracking.lock();
+                if !tracking.in_flight.contains_key(id) {
+                    break id.clone();
+                }
+                tracking.in_flight.len() * 2 > ids.len()
+            };
+            if busy {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         };
         let before = current[&id].clone();
@@ -473,11 +480,11 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 impl LoadResult {
     /// Adds the load's rows.
-    pub fn rows(&self, table: &mut Table, settings: &Settings) {
+    pub fn rows(&self, table: &mut Table, settings: &Settings, workers: usize) {
         let mut sorted = self.latencies.clone();
         sorted.sort_by(f64::total_cmp);
         let at = format!(
-            "load {}/s × {} s over {} Services",
+            "load {}/s × {} s over {} Services, {workers} workers",
             settings.rate, settings.seconds, settings.services
         );
         table.row(
