@@ -11,7 +11,7 @@ use crate::model::{
     CachedEndpoint, CachedService, CachedServicePort, CachedSlicePort, CachedWorkload, Conditions,
     Families, SliceAddress, TargetPort, WorkloadAddress,
 };
-use crate::text::Token;
+use crate::text::{Token, ip_text};
 use crate::{Diagnostic, Problem};
 
 /// An address family; slices hold one family each.
@@ -336,14 +336,14 @@ impl Wanted<'_> {
     /// The endpoint as written to the API.
     pub(crate) fn to_endpoint(&self) -> Endpoint {
         Endpoint {
-            addresses: self.addresses.iter().map(|a| a.to_string()).collect(),
+            addresses: self.addresses.iter().map(ip_text).collect(),
             conditions: Some(self.conditions()),
             hostname: self.hostname.map(str::to_owned),
             target_ref: Some(ObjectReference {
                 kind: Some(WORKLOAD_KIND.to_owned()),
                 namespace: self.namespace.map(str::to_owned),
                 name: Some(self.name.to_owned()),
-                uid: self.uid.map(Token::to_string),
+                uid: self.uid.map(Token::text),
                 ..ObjectReference::default()
             }),
             zone: self.zone.map(str::to_owned),

@@ -72,6 +72,39 @@ impl Token {
     pub fn is(&self, text: &str) -> bool {
         *self == Token::parse(text)
     }
+
+    /// The text of the token (as `to_string`, without the formatter for plain text: this is on
+    /// the path of every endpoint a plan writes).
+    pub fn text(&self) -> String {
+        match self {
+            Token::Text(text) => String::from(&**text),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The canonical text of an address, IPv4 without the formatter (on the path of every endpoint a
+/// plan writes).
+pub(crate) fn ip_text(ip: &std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let mut text = String::with_capacity(15);
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push('.');
+                }
+                if octet >= 100 {
+                    text.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    text.push(char::from(b'0' + octet / 10 % 10));
+                }
+                text.push(char::from(b'0' + octet % 10));
+            }
+            text
+        }
+        std::net::IpAddr::V6(v6) => v6.to_string(),
+    }
 }
 
 impl fmt::Display for Token {
@@ -218,6 +251,21 @@ mod tests {
         ));
         assert!(matches!(Token::parse("12345"), Token::Number(12345)));
         assert!(matches!(Token::parse("007"), Token::Text(_)));
+    }
+
+    #[test]
+    fn addresses_print_as_the_standard_library_does() {
+        for text in [
+            "0.0.0.0",
+            "10.0.0.1",
+            "192.168.100.255",
+            "1.20.3.40",
+            "fd00::1",
+            "::",
+        ] {
+            let ip: std::net::IpAddr = text.parse().unwrap();
+            assert_eq!(ip_text(&ip), ip.to_string());
+        }
     }
 
     #[test]
