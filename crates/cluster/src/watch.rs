@@ -193,6 +193,23 @@ mod tests {
     }
 
     #[test]
+    fn only_a_rejected_streaming_watch_switches_to_paged_lists() {
+        let api = |code| {
+            watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused", "Invalid").with_code(code),
+            )))
+        };
+        assert!(streaming_list_refused(&api(422)));
+        assert!(streaming_list_refused(&api(400)));
+        assert!(!streaming_list_refused(&api(500)), "a passing failure");
+        assert!(
+            !streaming_list_refused(&api(403)),
+            "not a question of the list mode"
+        );
+        assert!(!streaming_list_refused(&watcher::Error::NoResourceVersion));
+    }
+
+    #[test]
     fn projections_share_equal_strings() {
         let interner = Interner::new();
         let service: Service = Svc::named("web").selector("app", "web").build();
