@@ -3,24 +3,37 @@
 //! Objects are indexed by namespace, then by a group (the `kubernetes.io/service-name` label for
 //! slices, nothing for the other kinds), then by name, so that a reconcile reads only what its
 //! Service needs: at 10k Services in one namespace, a scan of the namespace per Service would
-//! cost 10^8 steps per resync.
+//! cost 10^8 steps per resync. The objects are the compact cached forms of `slices` (one `Arc`
+//! each, shared by every index and by work in flight); names, namespaces and groups are the
+//! objects' own shared strings, so an index entry allocates no string.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
-use kube::ResourceExt;
 use parking_lot::RwLock;
+use slices::{CachedService, CachedSlice, CachedWorkload, Text, Token};
 
-/// How a cache derives an object's group inside its namespace.
-pub type GroupOf<K> = fn(&K) -> String;
+/// What a cached object must tell the cache.
+pub trait Cached: Send + Sync + 'static {
+    /// Namespace.
+    fn namespace(&self) -> &Text;
+    /// Name.
+    fn name(&self) -> &Text;
+    /// resourceVersion, to skip unchanged objects on a re-list.
+    fn resource_version(&self) -> Option<&Token>;
+}
+
+/// How a cache derives an object's group inside its namespace (`None`: the namespace's one
+/// group).
+pub type GroupOf<K> = fn(&K) -> Option<Text>;
 
 /// How a cache derives the label pairs it indexes an object under.
 pub type PairsOf<K> = fn(&K) -> Vec<LabelPair>;
 
 /// One `key=value` label pair.
-pub type LabelPair = (String, String);
+pub type LabelPair = (Text, Text);
 
 /// One change applied to a cache: `old` is what the cache held before, `new` what it holds now.
 #[derive(Debug)]
@@ -32,20 +45,22 @@ pub struct Change<K> {
 }
 
 /// A re-list in progress (see [`Cache::relist`]).
-pub struct Relist<K> {
-    fresh: Namespaces<K>,
-    listed: Vec<Arc<K>>,
+pub struct Relist {
+    /// `(namespace, name)` of every listed object, to find what the list no longer holds;
+    /// `None` when the cache was empty at the start (nothing can be missing).
+    seen: Option<HashSet<(Text, Text)>>,
+    listed: usize,
 }
 
-impl<K> Relist<K> {
+impl Relist {
     /// Objects listed so far.
     pub fn len(&self) -> usize {
-        self.listed.len()
+        self.listed
     }
 
     /// Whether nothing was listed yet.
     pub fn is_empty(&self) -> bool {
-        self.listed.is_empty()
+        self.listed == 0
     }
 }
 
@@ -59,30 +74,68 @@ pub struct Cache<K> {
 struct Index<K> {
     group_of: GroupOf<K>,
     pairs_of: Option<PairsOf<K>>,
+    /// The group of objects `group_of` gives none.
+    no_group: Text,
 }
 
 struct Namespaces<K> {
-    namespaces: HashMap<String, Namespace<K>>,
+    namespaces: HashMap<Text, Namespace<K>>,
     len: usize,
 }
 
 struct Namespace<K> {
-    /// name → group, to find an object's previous group when its labels change. Names and
-    /// groups are shared `Arc<str>`s: one allocation per name however many indexes hold it
-    /// (at 50k workloads, separate copies cost about 10 MB).
-    groups_by_name: HashMap<Arc<str>, Arc<str>>,
+    /// name → group, to find an object's previous group when its labels change.
+    groups_by_name: HashMap<Text, Text>,
     /// group → name → object.
-    groups: HashMap<Arc<str>, BTreeMap<Arc<str>, Arc<K>>>,
+    groups: HashMap<Text, BTreeMap<Text, Arc<K>>>,
     /// label pair → names (only with a label index).
-    labels: HashMap<LabelPair, BTreeSet<Arc<str>>>,
+    labels: HashMap<LabelPair, BTreeSet<Text>>,
+}
+
+// === impl Cached ===
+
+impl Cached for CachedService {
+    fn namespace(&self) -> &Text {
+        &self.namespace
+    }
+    fn name(&self) -> &Text {
+        &self.name
+    }
+    fn resource_version(&self) -> Option<&Token> {
+        self.resource_version.as_ref()
+    }
+}
+
+impl Cached for CachedWorkload {
+    fn namespace(&self) -> &Text {
+        &self.namespace
+    }
+    fn name(&self) -> &Text {
+        &self.name
+    }
+    fn resource_version(&self) -> Option<&Token> {
+        self.resource_version.as_ref()
+    }
+}
+
+impl Cached for CachedSlice {
+    fn namespace(&self) -> &Text {
+        &self.namespace
+    }
+    fn name(&self) -> &Text {
+        &self.name
+    }
+    fn resource_version(&self) -> Option<&Token> {
+        self.resource_version.as_ref()
+    }
 }
 
 // === impl Cache ===
 
-impl<K: kube::Resource> Cache<K> {
+impl<K: Cached> Cache<K> {
     /// A cache whose objects all share one group per namespace.
     pub fn new() -> Self {
-        Self::grouped(|_| String::new())
+        Self::grouped(|_| None)
     }
 
     /// A cache grouped by `group_of`.
@@ -91,6 +144,7 @@ impl<K: kube::Resource> Cache<K> {
             index: Index {
                 group_of,
                 pairs_of: None,
+                no_group: Text::from(""),
             },
             inner: RwLock::new(Namespaces {
                 namespaces: HashMap::new(),
@@ -116,21 +170,12 @@ impl<K: kube::Resource> Cache<K> {
         let Some(names) = ns.labels.get(pair) else {
             return Vec::new();
         };
-        names
-            .iter()
-            .filter_map(|name| {
-                let group = ns.groups_by_name.get(name)?;
-                ns.groups.get(group)?.get(name).cloned()
-            })
-            .collect()
+        names.iter().filter_map(|name| ns.get(name)).collect()
     }
 
     /// The object `namespace/name`, if cached.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
-        let inner = self.inner.read();
-        let ns = inner.namespaces.get(namespace)?;
-        let group = ns.groups_by_name.get(name)?;
-        ns.groups.get(group)?.get(name).cloned()
+        self.inner.read().namespaces.get(namespace)?.get(name)
     }
 
     /// Every cached object of a namespace, sorted by group then name.
@@ -190,98 +235,115 @@ impl<K: kube::Resource> Cache<K> {
 
     /// Forgets `object`, returning the change (with the cached version as `old` when there was one).
     pub fn delete(&self, object: K) -> Change<K> {
-        let namespace = object.namespace().unwrap_or_default();
-        let name = object.name_any();
-        let old = self.inner.write().remove(&self.index, &namespace, &name);
+        let old = self
+            .inner
+            .write()
+            .remove(&self.index, object.namespace(), object.name());
         Change {
             old: old.or_else(|| Some(Arc::new(object))),
             new: None,
         }
     }
 
-    /// Starts a re-list: objects go into a new content with [`Cache::relist_insert`] as they
-    /// arrive (no buffered copy of the list), and [`Cache::finish_relist`] swaps it in.
-    pub fn relist(&self) -> Relist<K> {
+    /// Starts a re-list. Listed objects go into the cache one by one as they arrive
+    /// ([`Cache::relist_apply`]), so a re-list never holds a second copy of the content;
+    /// [`Cache::finish_relist`] then removes what the list did not hold. Until then the cache
+    /// mixes listed objects with older ones, as it would while a watch catches up.
+    pub fn relist(&self) -> Relist {
         Relist {
-            fresh: Namespaces {
-                namespaces: HashMap::new(),
-                len: 0,
-            },
-            listed: Vec::new(),
+            seen: (!self.is_empty()).then(HashSet::new),
+            listed: 0,
         }
     }
 
-    /// Adds one listed object to a re-list in progress; the cache itself is unchanged.
-    pub fn relist_insert(&self, relist: &mut Relist<K>, object: K) {
-        let object = Arc::new(object);
-        // A name listed twice keeps its last version, like a cache apply.
-        if relist.fresh.insert(&self.index, object.clone()).is_some() {
-            let name = object.name_any();
-            let namespace = object.namespace();
-            relist
-                .listed
-                .retain(|o| o.name_any() != name || o.namespace() != namespace);
+    /// Stores one listed object; returns the change, or `None` when the cache already held this
+    /// version (same resourceVersion), which is kept.
+    pub fn relist_apply(&self, relist: &mut Relist, object: K) -> Option<Change<K>> {
+        relist.listed += 1;
+        if let Some(seen) = relist.seen.as_mut() {
+            seen.insert((object.namespace().clone(), object.name().clone()));
         }
-        relist.listed.push(object);
+        let mut inner = self.inner.write();
+        let cached = inner
+            .namespaces
+            .get(object.namespace().as_ref())
+            .and_then(|ns| ns.get(object.name()));
+        if let Some(cached) = cached
+            && cached.resource_version().is_some()
+            && cached.resource_version() == object.resource_version()
+        {
+            return None;
+        }
+        let new = Arc::new(object);
+        let old = inner.insert(&self.index, new.clone());
+        Some(Change {
+            old,
+            new: Some(new),
+        })
     }
 
-    /// Replaces the whole content with the re-list, returning the changes it amounts to: adds
-    /// and updates for listed objects (unchanged ones, by resourceVersion, are left out) and
-    /// deletes for cached objects that the list no longer holds.
-    pub fn finish_relist(&self, relist: Relist<K>) -> Vec<Change<K>> {
-        let Relist { fresh, listed } = relist;
-        let mut previous = std::mem::replace(&mut *self.inner.write(), fresh);
-        let mut changes = Vec::new();
-        for new in listed {
-            let namespace = new.namespace().unwrap_or_default();
-            let old = previous.remove(&self.index, &namespace, &new.name_any());
-            let unchanged = old.as_ref().is_some_and(|old| {
-                old.meta().resource_version.is_some()
-                    && old.meta().resource_version == new.meta().resource_version
-            });
-            if !unchanged {
-                changes.push(Change {
-                    old,
-                    new: Some(new),
-                });
-            }
-        }
-        for ns in previous.namespaces.into_values() {
-            for group in ns.groups.into_values() {
-                for old in group.into_values() {
-                    changes.push(Change {
-                        old: Some(old),
-                        new: None,
-                    });
-                }
-            }
-        }
-        changes
+    /// Ends a re-list: removes the cached objects the list did not hold, returning their
+    /// deletes.
+    pub fn finish_relist(&self, relist: Relist) -> Vec<Change<K>> {
+        let Some(seen) = relist.seen else {
+            return Vec::new();
+        };
+        let mut inner = self.inner.write();
+        let gone: Vec<(Text, Text)> = inner
+            .namespaces
+            .iter()
+            .flat_map(|(namespace, ns)| {
+                ns.groups_by_name
+                    .keys()
+                    .map(move |name| (namespace.clone(), name.clone()))
+            })
+            .filter(|key| !seen.contains(key))
+            .collect();
+        gone.into_iter()
+            .filter_map(|(namespace, name)| inner.remove(&self.index, &namespace, &name))
+            .map(|old| Change {
+                old: Some(old),
+                new: None,
+            })
+            .collect()
     }
 
-    /// Replaces the whole content with `objects` (a re-list in one call).
+    /// Replaces the whole content with `objects` (a re-list in one call), returning the changes
+    /// it amounts to: adds and updates for listed objects (unchanged ones, by resourceVersion,
+    /// are left out) and deletes for cached objects that the list no longer holds.
     pub fn replace(&self, objects: Vec<K>) -> Vec<Change<K>> {
         let mut relist = self.relist();
-        for object in objects {
-            self.relist_insert(&mut relist, object);
-        }
-        self.finish_relist(relist)
+        let mut changes: Vec<Change<K>> = objects
+            .into_iter()
+            .filter_map(|object| self.relist_apply(&mut relist, object))
+            .collect();
+        changes.extend(self.finish_relist(relist));
+        changes
     }
 }
 
-impl<K: kube::Resource> Default for Cache<K> {
+impl<K: Cached> Default for Cache<K> {
     fn default() -> Self {
         Self::new()
     }
 }
 
+// === impl Namespace ===
+
+impl<K> Namespace<K> {
+    fn get(&self, name: &str) -> Option<Arc<K>> {
+        let group = self.groups_by_name.get(name)?;
+        self.groups.get(group)?.get(name).cloned()
+    }
+}
+
 // === impl Namespaces ===
 
-impl<K: kube::Resource> Namespaces<K> {
+impl<K: Cached> Namespaces<K> {
     fn insert(&mut self, index: &Index<K>, object: Arc<K>) -> Option<Arc<K>> {
-        let namespace = object.namespace().unwrap_or_default();
-        let name: Arc<str> = Arc::from(object.name_any());
-        let group = (index.group_of)(&object);
+        let namespace = object.namespace().clone();
+        let name = object.name().clone();
+        let group = (index.group_of)(&object).unwrap_or_else(|| index.no_group.clone());
         let old = self.remove(index, &namespace, &name);
         let ns = self
             .namespaces
@@ -296,11 +358,6 @@ impl<K: kube::Resource> Namespaces<K> {
                 ns.labels.entry(pair).or_default().insert(name.clone());
             }
         }
-        // Objects of one group share the group's name.
-        let group: Arc<str> = match ns.groups.get_key_value(group.as_str()) {
-            Some((shared, _)) => shared.clone(),
-            None => Arc::from(group),
-        };
         ns.groups_by_name.insert(name.clone(), group.clone());
         ns.groups.entry(group).or_default().insert(name, object);
         self.len += 1;
@@ -342,8 +399,8 @@ mod tests {
 
     use super::*;
 
-    fn slice(name: &str, service: &str, rv: &str) -> EndpointSlice {
-        EndpointSlice {
+    fn slice(name: &str, service: &str, rv: &str) -> CachedSlice {
+        CachedSlice::from(&EndpointSlice {
             metadata: ObjectMeta {
                 namespace: Some("ns".into()),
                 name: Some(name.into()),
@@ -354,15 +411,15 @@ mod tests {
             address_type: "IPv4".into(),
             endpoints: None,
             ports: None,
-        }
+        })
     }
 
-    fn by_service(slice: &EndpointSlice) -> String {
+    fn by_service(slice: &CachedSlice) -> Option<Text> {
         slice
-            .labels()
-            .get("kubernetes.io/service-name")
-            .cloned()
-            .unwrap_or_default()
+            .labels
+            .iter()
+            .find(|(k, _)| &***k == "kubernetes.io/service-name")
+            .map(|(_, v)| v.clone())
     }
 
     #[test]
@@ -371,8 +428,8 @@ mod tests {
         assert!(cache.apply(slice("s1", "web", "1")).old.is_none());
         let change = cache.apply(slice("s1", "api", "2"));
         assert_eq!(
-            change.old.unwrap().metadata.resource_version.as_deref(),
-            Some("1")
+            change.old.unwrap().resource_version,
+            Some(Token::parse("1"))
         );
         assert!(cache.in_group("ns", "web").is_empty());
         assert_eq!(cache.in_group("ns", "api").len(), 1);
@@ -393,7 +450,7 @@ mod tests {
         let mut summary: Vec<_> = changes
             .iter()
             .map(|c| {
-                let name = c.new.as_ref().or(c.old.as_ref()).unwrap().name_any();
+                let name = c.new.as_ref().or(c.old.as_ref()).unwrap().name.to_string();
                 (name, c.old.is_some(), c.new.is_some())
             })
             .collect();
@@ -409,21 +466,25 @@ mod tests {
         assert_eq!(cache.len(), 3);
     }
 
-    fn label_pairs(slice: &EndpointSlice) -> Vec<LabelPair> {
-        slice.labels().clone().into_iter().collect()
+    fn label_pairs(slice: &CachedSlice) -> Vec<LabelPair> {
+        slice
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     #[test]
     fn label_index_follows_label_changes_and_deletes() {
         let cache = Cache::new().label_indexed(label_pairs);
-        let web = ("kubernetes.io/service-name".to_string(), "web".to_string());
-        let api = ("kubernetes.io/service-name".to_string(), "api".to_string());
+        let web: LabelPair = ("kubernetes.io/service-name".into(), "web".into());
+        let api: LabelPair = ("kubernetes.io/service-name".into(), "api".into());
         cache.apply(slice("s1", "web", "1"));
         cache.apply(slice("s2", "web", "1"));
         assert_eq!(cache.with_label("ns", &web).len(), 2);
         cache.apply(slice("s1", "api", "2"));
         assert_eq!(cache.with_label("ns", &web).len(), 1);
-        assert_eq!(cache.with_label("ns", &api)[0].name_any(), "s1");
+        assert_eq!(&*cache.with_label("ns", &api)[0].name, "s1");
         cache.delete(slice("s2", "web", "3"));
         assert!(cache.with_label("ns", &web).is_empty());
         assert!(cache.with_label("other", &web).is_empty());
@@ -431,7 +492,7 @@ mod tests {
 
     #[test]
     fn delete_of_an_unknown_object_still_reports_it() {
-        let cache: Cache<EndpointSlice> = Cache::grouped(by_service);
+        let cache: Cache<CachedSlice> = Cache::grouped(by_service);
         let change = cache.delete(slice("x", "web", "5"));
         assert!(change.old.is_some() && change.new.is_none());
         assert!(cache.is_empty());

@@ -2,21 +2,24 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-use kube::ResourceExt;
-use slices::{SERVICE_NAME_LABEL, ServiceKey};
+use slices::{CachedService, CachedSlice, CachedWorkload, SERVICE_NAME_LABEL, ServiceKey, Text};
 
-use crate::cache::{Cache, LabelPair};
+use crate::{
+    cache::{Cache, LabelPair},
+    intern::Interner,
+};
 
-/// Warm caches of Services, ExternalWorkloads and managed EndpointSlices.
+/// Warm caches of Services, ExternalWorkloads and managed EndpointSlices, in their cached forms,
+/// with the string pool they share.
 pub struct Caches {
     /// Services, label-indexed by the first pair of their selector.
-    pub services: Arc<Cache<Service>>,
+    pub services: Arc<Cache<CachedService>>,
     /// ExternalWorkloads, label-indexed by every label pair.
-    pub workloads: Arc<Cache<ExternalWorkload>>,
+    pub workloads: Arc<Cache<CachedWorkload>>,
     /// Managed EndpointSlices, grouped by their service-name label.
-    pub slices: Arc<Cache<EndpointSlice>>,
+    pub slices: Arc<Cache<CachedSlice>>,
+    /// The strings the cached objects share.
+    pub interner: Arc<Interner>,
 }
 
 // === impl Caches ===
@@ -28,18 +31,18 @@ impl Caches {
             services: Arc::new(Cache::new().label_indexed(selector_anchor)),
             workloads: Arc::new(Cache::new().label_indexed(workload_labels)),
             slices: Arc::new(Cache::grouped(service_name_of)),
+            interner: Arc::new(Interner::new()),
         }
     }
 
     /// The Services of `workload`'s namespace that may select it (a superset: the caller
     /// matches selectors exactly). Each selecting Service is indexed under its first selector
     /// pair, which the workload must carry.
-    pub fn candidate_services(&self, workload: &ExternalWorkload) -> Vec<Arc<Service>> {
-        let namespace = workload.namespace().unwrap_or_default();
+    pub fn candidate_services(&self, workload: &CachedWorkload) -> Vec<Arc<CachedService>> {
         let mut found = BTreeMap::new();
         for pair in workload_labels(workload) {
-            for service in self.services.with_label(&namespace, &pair) {
-                found.insert(service.name_any(), service);
+            for service in self.services.with_label(&workload.namespace, &pair) {
+                found.insert(service.name.clone(), service);
             }
         }
         found.into_values().collect()
@@ -47,20 +50,19 @@ impl Caches {
 
     /// The workloads of `service`'s namespace that may be selected by it (a superset: the
     /// planner matches the whole selector).
-    pub fn candidate_workloads(&self, service: &Service) -> Vec<Arc<ExternalWorkload>> {
-        let namespace = service.namespace().unwrap_or_default();
+    pub fn candidate_workloads(&self, service: &CachedService) -> Vec<Arc<CachedWorkload>> {
         match selector_anchor(service).into_iter().next() {
-            Some(pair) => self.workloads.with_label(&namespace, &pair),
+            Some(pair) => self.workloads.with_label(&service.namespace, &pair),
             None => Vec::new(),
         }
     }
 
     /// The cached managed slices labelled with `key`'s Service name.
-    pub fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<EndpointSlice>> {
+    pub fn slices_of(&self, key: &ServiceKey) -> Vec<Arc<CachedSlice>> {
         self.slices.in_group(&key.namespace, &key.name)
     }
 
-    /// Whether every cache holds something (for logs).
+    /// Number of cached Services, workloads and slices (for logs).
     pub fn summary(&self) -> (usize, usize, usize) {
         (self.services.len(), self.workloads.len(), self.slices.len())
     }
@@ -72,27 +74,30 @@ impl Default for Caches {
     }
 }
 
-/// A Service is indexed under the first pair of its selector (BTreeMap order); a workload it
-/// selects carries that pair, so the pair finds every candidate.
-fn selector_anchor(service: &Service) -> Vec<LabelPair> {
+/// A Service is indexed under the first pair of its selector (sorted by key); a workload it
+/// selects carries that pair, so the pair finds every candidate. Services that get no slices
+/// (no selector, ExternalName) select nothing and are not indexed.
+fn selector_anchor(service: &CachedService) -> Vec<LabelPair> {
     service
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.selector.as_ref())
-        .and_then(|selector| selector.iter().next())
+        .selector
+        .iter()
+        .flat_map(|selector| selector.iter().next())
         .map(|(k, v)| (k.clone(), v.clone()))
-        .into_iter()
         .collect()
 }
 
-fn workload_labels(workload: &ExternalWorkload) -> Vec<LabelPair> {
-    workload.labels().clone().into_iter().collect()
+fn workload_labels(workload: &CachedWorkload) -> Vec<LabelPair> {
+    workload
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
-fn service_name_of(slice: &EndpointSlice) -> String {
+fn service_name_of(slice: &CachedSlice) -> Option<Text> {
     slice
-        .labels()
-        .get(SERVICE_NAME_LABEL)
-        .cloned()
-        .unwrap_or_default()
+        .labels
+        .iter()
+        .find(|(k, _)| &***k == SERVICE_NAME_LABEL)
+        .map(|(_, v)| v.clone())
 }

@@ -6,14 +6,14 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
-    Client, Resource,
+    Client,
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use leadership::Fence;
 use parking_lot::Mutex;
-use slices::{Diagnostic, ProblemKind, ServiceKey};
+use slices::{CachedService, Diagnostic, ProblemKind, ServiceKey};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
@@ -49,7 +49,7 @@ impl Diagnostics {
     /// returned: an Event is a report, not part of the slices' correctness.
     pub async fn report(
         &self,
-        service: &Service,
+        service: &CachedService,
         key: &ServiceKey,
         diagnostics: &[Diagnostic],
         fence: &Fence,
@@ -85,7 +85,7 @@ impl Diagnostics {
             };
             match self
                 .recorder
-                .publish(&event, &service.object_ref(&()))
+                .publish(&event, &service.object_reference())
                 .await
             {
                 Ok(()) => {

@@ -5,10 +5,8 @@
 
 use std::sync::Arc;
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use leadership::{Gate, TermContext};
-use slices::{ServiceKey, keys};
+use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, keys};
 
 use crate::{cache::Change, caches::Caches, reconcile::TermState};
 
@@ -19,7 +17,7 @@ pub type ServiceGate = Gate<ServiceKey, TermState>;
 pub type Context = TermContext<ServiceKey, TermState>;
 
 /// A Service change names that Service (add, update and delete alike).
-pub fn on_service(context: &Context, change: &Change<Service>) {
+pub fn on_service(context: &Context, change: &Change<CachedService>) {
     if let Some(service) = change.new.as_ref().or(change.old.as_ref()) {
         context.enqueue(keys::for_service(service));
     }
@@ -27,8 +25,8 @@ pub fn on_service(context: &Context, change: &Change<Service>) {
 
 /// A workload change names the Services that select its old or new version, when something the
 /// slices show changed.
-pub fn on_workload(context: &Context, caches: &Caches, change: &Change<ExternalWorkload>) {
-    let mut candidates: Vec<Arc<Service>> = Vec::new();
+pub fn on_workload(context: &Context, caches: &Caches, change: &Change<CachedWorkload>) {
+    let mut candidates: Vec<Arc<CachedService>> = Vec::new();
     for workload in change.old.iter().chain(change.new.iter()) {
         candidates.extend(caches.candidate_services(workload));
     }
@@ -39,7 +37,7 @@ pub fn on_workload(context: &Context, caches: &Caches, change: &Change<ExternalW
 }
 
 /// A managed slice change names its Service, unless it is this term's own write coming back.
-pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<EndpointSlice>) {
+pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<CachedSlice>) {
     let keys = {
         let mut tracker = context.state().tracker.lock();
         tracker.observe(change.old.as_deref(), change.new.as_deref());

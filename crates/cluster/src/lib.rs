@@ -15,6 +15,7 @@ pub mod cache;
 pub mod caches;
 pub mod events;
 pub mod handlers;
+pub mod intern;
 pub mod metrics;
 pub mod reconcile;
 pub mod watch;
@@ -22,6 +23,8 @@ pub mod writer;
 
 use std::sync::Arc;
 
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, runtime::watcher};
 use leadership::{KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use prometheus_client::registry::Registry;
@@ -184,21 +187,21 @@ impl Controller {
             synced: &synced,
             stop: &stop,
         };
-        watches.spawn(
+        watches.spawn::<Service, _>(
             self,
             "Service",
             watcher::Config::default(),
             self.caches.services.clone(),
             handlers::on_service,
         );
-        watches.spawn(
+        watches.spawn::<ExternalWorkload, _>(
             self,
             "ExternalWorkload",
             watcher::Config::default(),
             self.caches.workloads.clone(),
             move |context, change| handlers::on_workload(context, &caches, change),
         );
-        watches.spawn(
+        watches.spawn::<EndpointSlice, _>(
             self,
             "EndpointSlice",
             watcher::Config::default().labels(&selector),
@@ -223,19 +226,12 @@ impl Watches<'_> {
         controller: &Controller,
         kind: &'static str,
         config: watcher::Config,
-        cache: Arc<cache::Cache<K>>,
+        cache: Arc<cache::Cache<K::Cached>>,
         handler: H,
     ) where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + watch::Strip
-            + Clone
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + serde::de::DeserializeOwned
-            + 'static,
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + watch::Project,
         K::DynamicType: Default,
-        H: Fn(&handlers::Context, &cache::Change<K>) + Send + 'static,
+        H: Fn(&handlers::Context, &cache::Change<K::Cached>) + Send + 'static,
     {
         let gate = self.gate.clone();
         let synced = self.synced.clone();
@@ -248,6 +244,7 @@ impl Watches<'_> {
             controller.api::<K>(),
             config,
             cache,
+            controller.caches.interner.clone(),
             move |change| {
                 gate.dispatch(|context| handler(context, &change));
             },

@@ -2,13 +2,10 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::{
-    api::discovery::v1::EndpointSlice, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp,
-};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use leadership::{Action, Fenced, TermContext};
 use parking_lot::Mutex;
-use slices::{Freshness, ServiceKey, Tracker, plan_slices};
+use slices::{CachedSlice, CachedWorkload, Freshness, ServiceKey, Tracker, plan_cached};
 use tokio::time::Instant;
 
 use crate::{
@@ -140,7 +137,7 @@ async fn reconcile_inner<W: SliceApi>(
         return Ok(ReconcileOutcome::Done);
     };
     let cached = shared.caches.slices_of(key);
-    let existing: Vec<&EndpointSlice> = cached.iter().map(Arc::as_ref).collect();
+    let existing: Vec<&CachedSlice> = cached.iter().map(Arc::as_ref).collect();
 
     let freshness = state.tracker.lock().check(key, &existing);
     if let Freshness::Stale(reason) = freshness {
@@ -164,9 +161,9 @@ async fn reconcile_inner<W: SliceApi>(
     state.stale_since.lock().remove(key);
 
     let candidates = shared.caches.candidate_workloads(&service);
-    let workloads: Vec<&ExternalWorkload> = candidates.iter().map(Arc::as_ref).collect();
+    let workloads: Vec<&CachedWorkload> = candidates.iter().map(Arc::as_ref).collect();
     let now = Time(Timestamp::now());
-    let plan = plan_slices(&service, &workloads, &existing, &shared.config, &now);
+    let plan = plan_cached(&service, &workloads, &existing, &shared.config, &now);
 
     if let Some(diagnostics) = &shared.diagnostics {
         diagnostics

@@ -1,9 +1,14 @@
-//! Watches: watcher → backoff → strip → cache → dispatch.
+//! Watches: watcher → backoff → project → cache → dispatch.
 //!
 //! Every replica runs these all the time, so a standby's caches are warm when it takes over.
-//! The cache is updated before the change is dispatched: a term that starts between the two
-//! either replays the new object or receives the dispatch (or both; the queue deduplicates), so
-//! no change falls between a replay and the handlers.
+//! Each object is reduced to its cached form as it arrives (the decoded API object is dropped
+//! at once). The cache is updated before the change is dispatched: a term that starts between
+//! the two either replays the new object or receives the dispatch (or both; the queue
+//! deduplicates), so no change falls between a replay and the handlers.
+//!
+//! The initial list and every re-list use the API server's streaming list (a watch with
+//! `sendInitialEvents`, Kubernetes 1.27+, on by default since 1.32) when it is offered; a server
+//! that refuses it gets paged lists instead (see [`run`]).
 
 use std::{fmt::Debug, sync::Arc};
 
@@ -17,129 +22,144 @@ use tokio_util::sync::CancellationToken;
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use slices::{CachedService, CachedSlice, CachedWorkload};
 
-use crate::cache::{Cache, Change};
+use crate::{
+    cache::{Cache, Cached, Change},
+    intern::Interner,
+};
 
-/// What a cached object can shed: the fields the controller never reads. Memory at scale is
-/// dominated by the cached objects themselves (docs/benchmarks.md, "Scale and memory"), so each
-/// kind drops what neither the planner nor the event mapping looks at.
-pub trait Strip: Resource {
-    /// Drops unread fields in place.
-    fn strip(&mut self) {
-        strip_meta(self);
+/// An API kind and its cached form.
+pub trait Project:
+    Resource + Clone + Debug + Send + Sync + serde::de::DeserializeOwned + 'static
+{
+    /// The cached form.
+    type Cached: Cached;
+
+    /// Reduces `self` to what the controller reads.
+    fn project(&self, interner: &Interner) -> Self::Cached;
+}
+
+// === impl Project ===
+
+impl Project for Service {
+    type Cached = CachedService;
+
+    fn project(&self, interner: &Interner) -> CachedService {
+        CachedService::new(self, interner)
     }
 }
 
-/// Every kind: managedFields (often the largest part of an object) and the last-applied
-/// annotation.
-fn strip_meta<K: Resource + ?Sized>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
-        if annotations.is_empty() {
-            meta.annotations = None;
+impl Project for ExternalWorkload {
+    type Cached = CachedWorkload;
+
+    fn project(&self, interner: &Interner) -> CachedWorkload {
+        CachedWorkload::new(self, interner)
+    }
+}
+
+impl Project for EndpointSlice {
+    type Cached = CachedSlice;
+
+    fn project(&self, interner: &Interner) -> CachedSlice {
+        CachedSlice::new(self, interner)
+    }
+}
+
+/// Whether a failed watch start means the server does not offer streaming lists (so paged
+/// lists must be used): it rejects the `sendInitialEvents` watch as invalid (400, 422) or not
+/// implemented (501) rather than failing for a passing reason.
+fn streaming_list_refused(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => {
+            matches!(status.code, 400 | 422 | 501)
         }
-    }
-}
-
-// === impl Strip ===
-
-impl Strip for Service {
-    /// Status and annotations are never read (slices copy the Service's labels only).
-    fn strip(&mut self) {
-        strip_meta(self);
-        self.metadata.annotations = None;
-        self.status = None;
-    }
-}
-
-impl Strip for ExternalWorkload {
-    /// The mesh identity is not used for slices; of the status only the Ready condition's
-    /// status is read.
-    fn strip(&mut self) {
-        strip_meta(self);
-        self.metadata.annotations = None;
-        self.spec.mesh_tls = Default::default();
-        if let Some(status) = self.status.as_mut() {
-            status
-                .conditions
-                .retain(|c| c.type_ == api::READY_CONDITION);
-            for condition in &mut status.conditions {
-                *condition = api::v1beta1::Condition {
-                    type_: std::mem::take(&mut condition.type_),
-                    status: std::mem::take(&mut condition.status),
-                    ..Default::default()
-                };
-            }
-            status.conditions.shrink_to_fit();
-        }
-    }
-}
-
-impl Strip for EndpointSlice {
-    /// Annotations stay (an update carries them over); the endpoint list gives back the spare
-    /// capacity left by decoding.
-    fn strip(&mut self) {
-        strip_meta(self);
-        if let Some(endpoints) = self.endpoints.as_mut() {
-            endpoints.shrink_to_fit();
-        }
+        watcher::Error::WatchError(status) => matches!(status.code, 400 | 422 | 501),
+        _ => false,
     }
 }
 
 /// Runs one watch until `shutdown`, keeping `cache` current and handing every change to
 /// `dispatch` after the cache holds it. `on_synced` runs once, after the first complete list.
+///
+/// Lists stream when the server allows (`config` gets the streaming-list strategy); when the
+/// server refuses the streaming watch, the watch restarts with paged lists for good.
+#[allow(clippy::too_many_arguments)] // one watch's whole wiring, passed once
 pub async fn run<K, D>(
     api: Api<K>,
     config: watcher::Config,
-    cache: Arc<Cache<K>>,
+    cache: Arc<Cache<K::Cached>>,
+    interner: Arc<Interner>,
     mut dispatch: D,
     on_synced: impl FnOnce(),
     errors: Counter,
     shutdown: CancellationToken,
 ) where
-    K: Strip + Clone + Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
+    K: Project,
     K::DynamicType: Default,
-    D: FnMut(Change<K>),
+    D: FnMut(Change<K::Cached>),
 {
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, config).default_backoff().modify(Strip::strip);
-    futures::pin_mut!(stream);
     let mut on_synced = Some(on_synced);
-    let mut listing = None;
+    let mut streaming = true;
     loop {
-        let event = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            event = stream.next() => event,
+        let config = if streaming {
+            config.clone().streaming_lists()
+        } else {
+            config.clone()
         };
-        let event = match event {
-            None => return,
-            Some(Ok(event)) => event,
-            Some(Err(error)) => {
-                errors.inc();
-                tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
-                continue;
-            }
-        };
-        match event {
-            watcher::Event::Apply(object) => dispatch(cache.apply(object)),
-            watcher::Event::Delete(object) => dispatch(cache.delete(object)),
-            watcher::Event::Init => listing = Some(cache.relist()),
-            watcher::Event::InitApply(object) => {
-                let relist = listing.get_or_insert_with(|| cache.relist());
-                cache.relist_insert(relist, object);
-            }
-            watcher::Event::InitDone => {
-                let relist = listing.take().unwrap_or_else(|| cache.relist());
-                let count = relist.len();
-                for change in cache.finish_relist(relist) {
-                    dispatch(change);
+        let stream = watcher(api.clone(), config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut listing = None;
+        let mut listed_once = false;
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                event = stream.next() => event,
+            };
+            let event = match event {
+                None => return,
+                Some(Ok(event)) => event,
+                Some(Err(error)) => {
+                    errors.inc();
+                    if streaming && !listed_once && streaming_list_refused(&error) {
+                        tracing::info!(%kind, %error, "streaming list refused; using paged lists");
+                        streaming = false;
+                        break;
+                    }
+                    tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
+                    continue;
                 }
-                tracing::debug!(%kind, objects = count, "list complete");
-                if let Some(on_synced) = on_synced.take() {
-                    tracing::info!(%kind, objects = count, "cache synced");
-                    on_synced();
+            };
+            match event {
+                watcher::Event::Apply(object) => {
+                    dispatch(cache.apply(object.project(&interner)));
+                }
+                watcher::Event::Delete(object) => {
+                    dispatch(cache.delete(object.project(&interner)));
+                }
+                watcher::Event::Init => listing = Some(cache.relist()),
+                watcher::Event::InitApply(object) => {
+                    let relist = listing.get_or_insert_with(|| cache.relist());
+                    let projected = object.project(&interner);
+                    drop(object);
+                    if let Some(change) = cache.relist_apply(relist, projected) {
+                        dispatch(change);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    listed_once = true;
+                    let relist = listing.take().unwrap_or_else(|| cache.relist());
+                    let count = relist.len();
+                    for change in cache.finish_relist(relist) {
+                        dispatch(change);
+                    }
+                    tracing::debug!(%kind, objects = count, streaming, "list complete");
+                    if let Some(on_synced) = on_synced.take() {
+                        tracing::info!(%kind, objects = count, streaming, "cache synced");
+                        on_synced();
+                    }
                 }
             }
         }
@@ -149,42 +169,54 @@ pub async fn run<K, D>(
 #[cfg(test)]
 mod tests {
     use slices::testing::{Svc, Workload};
+    use slices::{Intern, Token};
 
     use super::*;
 
     #[test]
-    fn stripped_workload_keeps_what_the_planner_reads() {
-        let mut workload: ExternalWorkload = Workload::named("vm-1")
+    fn projected_workload_keeps_what_the_planner_reads() {
+        let workload: ExternalWorkload = Workload::named("vm-1")
             .label("app", "web")
+            .zone("z1")
             .ip("10.0.0.1")
             .port("http", 8080)
             .ready()
             .build();
-        let before = workload.clone();
-        workload.strip();
-        assert!(workload.is_ready());
-        assert_eq!(workload.spec.workload_ips, before.spec.workload_ips);
-        assert_eq!(workload.spec.ports, before.spec.ports);
-        assert_eq!(workload.metadata.labels, before.metadata.labels);
-        assert!(workload.spec.mesh_tls.identity.is_empty());
-        let plan_inputs_equal = |a: &ExternalWorkload, b: &ExternalWorkload| {
-            a.is_ready() == b.is_ready() && a.zone() == b.zone() && a.metadata.uid == b.metadata.uid
-        };
-        assert!(plan_inputs_equal(&workload, &before));
+        let interner = Interner::new();
+        let cached = workload.project(&interner);
+        assert!(cached.ready);
+        assert_eq!(cached.zone(), Some("z1"));
+        assert_eq!(cached.labels.get("app"), Some("web"));
+        assert_eq!(cached.uid, Some(Token::parse("uid-ew-vm-1")));
+        assert_eq!(cached.ports.len(), 1);
+        assert_eq!(cached, CachedWorkload::from(&workload));
     }
 
     #[test]
-    fn stripped_service_keeps_spec_and_labels() {
-        let mut service: Service = Svc::named("web")
-            .selector("app", "web")
-            .label("team", "x")
-            .port("http", 80, "http")
-            .build();
-        service.metadata.annotations = Some([("note".to_string(), "x".to_string())].into());
-        let before = service.clone();
-        service.strip();
-        assert_eq!(service.spec, before.spec);
-        assert_eq!(service.metadata.labels, before.metadata.labels);
-        assert!(service.metadata.annotations.is_none());
+    fn only_a_rejected_streaming_watch_switches_to_paged_lists() {
+        let api = |code| {
+            watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused", "Invalid").with_code(code),
+            )))
+        };
+        assert!(streaming_list_refused(&api(422)));
+        assert!(streaming_list_refused(&api(400)));
+        assert!(!streaming_list_refused(&api(500)), "a passing failure");
+        assert!(
+            !streaming_list_refused(&api(403)),
+            "not a question of the list mode"
+        );
+        assert!(!streaming_list_refused(&watcher::Error::NoResourceVersion));
+    }
+
+    #[test]
+    fn projections_share_equal_strings() {
+        let interner = Interner::new();
+        let service: Service = Svc::named("web").selector("app", "web").build();
+        let workload: ExternalWorkload = Workload::named("vm-1").label("app", "web").build();
+        let service = service.project(&interner);
+        let workload = workload.project(&interner);
+        assert!(Arc::ptr_eq(&service.namespace, &workload.namespace));
+        assert!(Arc::ptr_eq(&service.name, &interner.intern("web")));
     }
 }

@@ -261,7 +261,7 @@ mod tests {
     use kube::core::Status;
     use leadership::{FenceMetrics, LeadershipSender, Term, fixed_leadership};
     use prometheus_client::registry::Registry;
-    use slices::SERVICE_NAME_LABEL;
+    use slices::{CachedSlice, SERVICE_NAME_LABEL};
     use tokio::time::Instant;
 
     use super::*;
@@ -294,6 +294,10 @@ mod tests {
             metadata,
             ..EndpointSlice::default()
         }
+    }
+
+    fn cached(name: &str, generate_name: bool) -> CachedSlice {
+        CachedSlice::from(&slice(name, generate_name))
     }
 
     fn plan(creates: &[&str], updates: &[&str], deletes: &[&str]) -> SlicePlan {
@@ -434,9 +438,12 @@ mod tests {
         let tracker = pass.tracker.lock();
         let mut created = slice("web-x1", false);
         created.metadata.resource_version = Some("1".into());
-        assert!(tracker.is_own_write(&created), "create recorded");
         assert!(
-            tracker.is_expected_delete(&slice("web-b", false)),
+            tracker.is_own_write(&CachedSlice::from(&created)),
+            "create recorded"
+        );
+        assert!(
+            tracker.is_expected_delete(&cached("web-b", false)),
             "delete recorded"
         );
     }
@@ -468,8 +475,8 @@ mod tests {
         let written = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
         assert_eq!(written.unwrap().deleted, 2);
         let tracker = pass.tracker.lock();
-        assert!(tracker.is_expected_delete(&slice("web-a", false)));
-        assert!(tracker.is_expected_delete(&slice("web-b", false)));
+        assert!(tracker.is_expected_delete(&cached("web-a", false)));
+        assert!(tracker.is_expected_delete(&cached("web-b", false)));
     }
 
     #[tokio::test]
@@ -483,7 +490,7 @@ mod tests {
             !pass
                 .tracker
                 .lock()
-                .is_expected_delete(&slice("web-a", false))
+                .is_expected_delete(&cached("web-a", false))
         );
     }
 

@@ -1,20 +1,22 @@
 //! What the slices of one Service should hold: endpoints grouped by family and port list.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::labels::{is_headless, selects};
+use crate::labels::selects;
+use crate::model::{
+    CachedEndpoint, CachedService, CachedServicePort, CachedSlicePort, CachedWorkload, Conditions,
+    Families, SliceAddress, TargetPort, WorkloadAddress,
+};
+use crate::text::{Token, ip_text};
 use crate::{Diagnostic, Problem};
 
 /// An address family; slices hold one family each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Family {
+pub enum Family {
     /// `IPv4`.
     V4,
     /// `IPv6`.
@@ -35,9 +37,9 @@ pub(crate) struct GroupKey {
 ///
 /// Endpoints are kept as [`Wanted`] views borrowing from the workloads: a no-op pass compares
 /// them with the cached endpoints and allocates nothing per endpoint (design.md section 10).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Desired<'a> {
-    pub(crate) families: BTreeSet<Family>,
+    pub(crate) families: Families,
     /// Per group, sorted by workload name (one endpoint per workload).
     pub(crate) groups: BTreeMap<GroupKey, Vec<Wanted<'a>>>,
     pub(crate) diagnostics: Vec<Diagnostic>,
@@ -48,8 +50,8 @@ pub(crate) struct Desired<'a> {
 pub(crate) struct Wanted<'a> {
     pub(crate) name: &'a str,
     namespace: Option<&'a str>,
-    uid: Option<&'a str>,
-    addresses: Addresses<'a>,
+    uid: Option<&'a Token>,
+    addresses: Addresses,
     zone: Option<&'a str>,
     hostname: Option<&'a str>,
     ready: bool,
@@ -61,9 +63,9 @@ pub(crate) struct Wanted<'a> {
 /// inline: nearly every workload has one address per family, and a no-op pass over a thousand
 /// workloads should not allocate a thousand vectors.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Addresses<'a> {
-    first: Option<Cow<'a, str>>,
-    rest: Vec<Cow<'a, str>>,
+pub(crate) struct Addresses {
+    first: Option<IpAddr>,
+    rest: Vec<IpAddr>,
 }
 
 /// A resolved port borrowing the Service port's name and protocol.
@@ -76,7 +78,7 @@ pub(crate) const WORKLOAD_KIND: &str = "ExternalWorkload";
 
 impl Family {
     /// The EndpointSlice `addressType` / Service `ipFamilies` spelling.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
@@ -84,7 +86,7 @@ impl Family {
     }
 
     /// Parses an `addressType` / `ipFamilies` entry.
-    pub(crate) fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         match text {
             "IPv4" => Some(Family::V4),
             "IPv6" => Some(Family::V6),
@@ -94,15 +96,14 @@ impl Family {
 }
 
 /// Slice port list in comparable form, as found on a slice.
-pub(crate) fn port_keys(ports: Option<&Vec<EndpointPort>>) -> Vec<PortKey> {
+pub(crate) fn port_keys(ports: &[CachedSlicePort]) -> Vec<PortKey> {
     let mut keys: Vec<PortKey> = ports
-        .into_iter()
-        .flatten()
+        .iter()
         .map(|p| {
             (
-                p.name.clone().unwrap_or_default(),
+                p.name.as_deref().unwrap_or_default().to_owned(),
                 p.port.unwrap_or_default(),
-                p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+                p.protocol.as_deref().unwrap_or("TCP").to_owned(),
             )
         })
         .collect();
@@ -122,49 +123,24 @@ pub(crate) fn endpoint_ports(keys: &[PortKey]) -> Vec<EndpointPort> {
         .collect()
 }
 
-/// Families the Service asks for; none listed means both.
-pub(crate) fn service_families(service: &Service) -> BTreeSet<Family> {
-    let listed: BTreeSet<Family> = service
-        .spec
-        .as_ref()
-        .and_then(|s| s.ip_families.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|f| Family::parse(f))
-        .collect();
-    if listed.is_empty() {
-        [Family::V4, Family::V6].into()
-    } else {
-        listed
-    }
-}
-
 /// Computes the desired endpoints of `service` from the workloads it selects.
-pub(crate) fn desired<'a>(service: &'a Service, workloads: &[&'a ExternalWorkload]) -> Desired<'a> {
-    let families = service_families(service);
-    let headless = is_headless(service);
-    let publish_not_ready = service
-        .spec
-        .as_ref()
-        .and_then(|s| s.publish_not_ready_addresses)
-        .unwrap_or(false);
-    let service_ports: &[ServicePort] = service
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.as_deref())
-        .unwrap_or_default();
+pub(crate) fn desired<'a>(
+    service: &'a CachedService,
+    workloads: &[&'a CachedWorkload],
+) -> Desired<'a> {
+    let families = service.families;
+    let headless = service.headless;
+    let publish_not_ready = service.publish_not_ready;
+    let service_ports: &[CachedServicePort] = &service.ports;
 
     // Sorted by name so output and diagnostics never depend on input order. The sort compares
     // a 16-byte prefix as an integer first: names rarely share one, and a thousand string
     // compares through memcmp were most of a no-op pass (design.md section 10).
-    let mut selected: Vec<(u128, &str, &ExternalWorkload)> = workloads
+    let mut selected: Vec<(u128, &str, &CachedWorkload)> = workloads
         .iter()
         .copied()
         .filter(|w| selects(service, w))
-        .map(|w| {
-            let name = w.metadata.name.as_deref().unwrap_or_default();
-            (name_prefix(name), name, w)
-        })
+        .map(|w| (name_prefix(&w.name), &*w.name, w))
         .collect();
     selected.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
 
@@ -200,7 +176,7 @@ pub(crate) fn desired<'a>(service: &'a Service, workloads: &[&'a ExternalWorkloa
             None
         };
         for (family, addresses) in addresses {
-            if addresses.is_empty() || !families.contains(&family) {
+            if addresses.is_empty() || !families.contains(family) {
                 continue;
             }
             let wanted = wanted(workload, addresses, hostname, publish_not_ready);
@@ -243,26 +219,18 @@ fn report(diagnostics: &mut Vec<Diagnostic>, workload: &str, problems: Vec<Probl
 
 /// The workload's addresses in canonical text, by family (IPv4 then IPv6); non-IPs are
 /// reported and skipped.
-fn addresses_by_family<'a>(
-    workload: &'a ExternalWorkload,
+fn addresses_by_family(
+    workload: &CachedWorkload,
     problems: &mut Vec<Problem>,
-) -> [(Family, Addresses<'a>); 2] {
+) -> [(Family, Addresses); 2] {
     let mut v4 = Addresses::default();
     let mut v6 = Addresses::default();
-    for entry in &workload.spec.workload_ips {
-        match entry.ip.parse::<IpAddr>() {
-            // The parser takes only dotted quads without leading zeros: the text is canonical.
-            Ok(IpAddr::V4(_)) => v4.push_unique(Cow::Borrowed(entry.ip.as_str())),
-            Ok(ip @ IpAddr::V6(_)) => {
-                let text = ip.to_string();
-                v6.push_unique(if text == entry.ip {
-                    Cow::Borrowed(entry.ip.as_str())
-                } else {
-                    Cow::Owned(text)
-                });
-            }
-            Err(_) => problems.push(Problem::InvalidIp {
-                value: entry.ip.clone(),
+    for address in &workload.addresses {
+        match address {
+            WorkloadAddress::Ip(ip @ IpAddr::V4(_)) => v4.push_unique(*ip),
+            WorkloadAddress::Ip(ip @ IpAddr::V6(_)) => v6.push_unique(*ip),
+            WorkloadAddress::Invalid(text) => problems.push(Problem::InvalidIp {
+                value: text.to_string(),
             }),
         }
     }
@@ -272,33 +240,33 @@ fn addresses_by_family<'a>(
 /// Resolves each Service port for this workload into `resolved` (sorted); unresolvable ones
 /// are reported.
 fn resolve_ports<'a>(
-    service_ports: &'a [ServicePort],
-    workload: &ExternalWorkload,
+    service_ports: &'a [CachedServicePort],
+    workload: &CachedWorkload,
     resolved: &mut Vec<PortRef<'a>>,
     problems: &mut Vec<Problem>,
 ) {
     for service_port in service_ports {
         let protocol = service_port.protocol.as_deref().unwrap_or("TCP");
-        let number = match &service_port.target_port {
-            None => service_port.port,
-            Some(IntOrString::Int(number)) => *number,
-            Some(IntOrString::String(port_name)) => {
-                let found = workload.spec.ports.iter().find(|p| {
-                    p.name.as_deref() == Some(port_name.as_str())
+        let number = match &service_port.target {
+            TargetPort::Same => service_port.port,
+            TargetPort::Number(number) => *number,
+            TargetPort::Name(port_name) => {
+                let found = workload.ports.iter().find(|p| {
+                    p.name.as_deref() == Some(&**port_name)
                         && p.protocol.as_deref().unwrap_or("TCP") == protocol
                 });
                 match found {
                     Some(p) if (1..=65535).contains(&p.port) => p.port,
                     Some(p) => {
                         problems.push(Problem::InvalidPort {
-                            port_name: port_name.clone(),
+                            port_name: port_name.to_string(),
                             value: p.port,
                         });
                         continue;
                     }
                     None => {
                         problems.push(Problem::UnresolvedPort {
-                            port_name: port_name.clone(),
+                            port_name: port_name.to_string(),
                             protocol: protocol.to_owned(),
                         });
                         continue;
@@ -316,17 +284,17 @@ fn resolve_ports<'a>(
 }
 
 fn wanted<'a>(
-    workload: &'a ExternalWorkload,
-    addresses: Addresses<'a>,
+    workload: &'a CachedWorkload,
+    addresses: Addresses,
     hostname: Option<&'a str>,
     publish_not_ready: bool,
 ) -> Wanted<'a> {
-    let serving = workload.is_ready();
-    let terminating = workload.metadata.deletion_timestamp.is_some();
+    let serving = workload.ready;
+    let terminating = workload.deleting;
     Wanted {
-        name: workload.metadata.name.as_deref().unwrap_or_default(),
-        namespace: workload.metadata.namespace.as_deref(),
-        uid: workload.metadata.uid.as_deref(),
+        name: &workload.name,
+        namespace: Some(&*workload.namespace).filter(|n| !n.is_empty()),
+        uid: workload.uid.as_ref(),
         addresses,
         zone: workload.zone(),
         hostname,
@@ -338,8 +306,8 @@ fn wanted<'a>(
 
 // === impl Addresses ===
 
-impl<'a> Addresses<'a> {
-    fn push_unique(&mut self, address: Cow<'a, str>) {
+impl Addresses {
+    fn push_unique(&mut self, address: IpAddr) {
         if self.iter().any(|a| *a == address) {
             return;
         }
@@ -349,7 +317,7 @@ impl<'a> Addresses<'a> {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Cow<'a, str>> {
+    fn iter(&self) -> impl Iterator<Item = &IpAddr> {
         self.first.iter().chain(&self.rest)
     }
 
@@ -368,14 +336,14 @@ impl Wanted<'_> {
     /// The endpoint as written to the API.
     pub(crate) fn to_endpoint(&self) -> Endpoint {
         Endpoint {
-            addresses: self.addresses.iter().map(|a| a.to_string()).collect(),
+            addresses: self.addresses.iter().map(ip_text).collect(),
             conditions: Some(self.conditions()),
             hostname: self.hostname.map(str::to_owned),
             target_ref: Some(ObjectReference {
                 kind: Some(WORKLOAD_KIND.to_owned()),
                 namespace: self.namespace.map(str::to_owned),
                 name: Some(self.name.to_owned()),
-                uid: self.uid.map(str::to_owned),
+                uid: self.uid.map(Token::text),
                 ..ObjectReference::default()
             }),
             zone: self.zone.map(str::to_owned),
@@ -387,27 +355,27 @@ impl Wanted<'_> {
     ///
     /// The caller found `endpoint` by `pack::endpoint_key`, which already checked the target's
     /// kind and namespace (the Service's, which is this workload's); they are not compared again.
-    pub(crate) fn matches(&self, endpoint: &Endpoint) -> bool {
-        let Some(target) = endpoint.target_ref.as_ref() else {
+    pub(crate) fn matches(&self, endpoint: &CachedEndpoint) -> bool {
+        let Some(target) = endpoint.target.as_ref() else {
             return false;
         };
-        endpoint.addresses.len() == self.addresses.len()
+        let conditions = Conditions {
+            ready: Some(self.ready),
+            serving: Some(self.serving),
+            terminating: Some(self.terminating),
+        };
+        !endpoint.foreign
+            && endpoint.addresses.len() == self.addresses.len()
             && endpoint
                 .addresses
                 .iter()
                 .zip(self.addresses.iter())
-                .all(|(a, b)| a == b)
-            && endpoint.conditions.as_ref() == Some(&self.conditions())
+                .all(|(a, b)| *a == SliceAddress::Ip(*b))
+            && endpoint.conditions == Some(conditions)
             && endpoint.hostname.as_deref() == self.hostname
             && endpoint.zone.as_deref() == self.zone
-            && endpoint.node_name.is_none()
-            && endpoint.hints.is_none()
-            && endpoint.deprecated_topology.is_none()
             && target.name.as_deref() == Some(self.name)
-            && target.uid.as_deref() == self.uid
-            && target.api_version.is_none()
-            && target.field_path.is_none()
-            && target.resource_version.is_none()
+            && target.uid.as_ref() == self.uid
     }
 
     fn conditions(&self) -> EndpointConditions {

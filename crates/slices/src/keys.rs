@@ -3,17 +3,14 @@
 
 use std::collections::BTreeSet;
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-
 use crate::labels::{is_managed, selects};
+use crate::model::{CachedService, CachedSlice, CachedWorkload, WorkloadAddress};
 use crate::tracker::service_key;
 use crate::{Config, ServiceKey, Tracker};
 
 /// A Service add, update or delete concerns that Service.
-pub fn for_service(service: &Service) -> ServiceKey {
-    ServiceKey::from_service(service)
+pub fn for_service(service: &CachedService) -> ServiceKey {
+    ServiceKey::new(&*service.namespace, &*service.name)
 }
 
 /// The Services a workload event concerns, sorted.
@@ -22,20 +19,20 @@ pub fn for_service(service: &Service) -> ServiceKey {
 /// the old or the new version, but only when something the slices show changed (IP set, ports,
 /// readiness, deletionTimestamp, labels; a zone-only label change counts); else none.
 pub fn for_workload<'a>(
-    old: Option<&ExternalWorkload>,
-    new: Option<&ExternalWorkload>,
-    services_in_namespace: impl IntoIterator<Item = &'a Service>,
+    old: Option<&CachedWorkload>,
+    new: Option<&CachedWorkload>,
+    services_in_namespace: impl IntoIterator<Item = &'a CachedService>,
 ) -> Vec<ServiceKey> {
     if let (Some(old), Some(new)) = (old, new)
         && !slice_relevant_change(old, new)
     {
         return Vec::new();
     }
-    let versions: Vec<&ExternalWorkload> = old.into_iter().chain(new).collect();
+    let versions: Vec<&CachedWorkload> = old.into_iter().chain(new).collect();
     let keys: BTreeSet<ServiceKey> = services_in_namespace
         .into_iter()
         .filter(|s| versions.iter().any(|w| selects(s, w)))
-        .map(ServiceKey::from_service)
+        .map(for_service)
         .collect();
     keys.into_iter().collect()
 }
@@ -44,8 +41,8 @@ pub fn for_workload<'a>(
 /// the event is our own write or delete coming back through the watch. A managed slice that
 /// someone else deleted gives its Service, so the slice is re-created.
 pub fn for_slice(
-    old: Option<&EndpointSlice>,
-    new: Option<&EndpointSlice>,
+    old: Option<&CachedSlice>,
+    new: Option<&CachedSlice>,
     config: &Config,
     tracker: &Tracker,
 ) -> Vec<ServiceKey> {
@@ -67,14 +64,20 @@ pub fn for_slice(
 }
 
 /// Whether an update changes anything our slices show (or which Services select it).
-fn slice_relevant_change(old: &ExternalWorkload, new: &ExternalWorkload) -> bool {
-    let ips = |w: &ExternalWorkload| -> BTreeSet<String> {
-        w.spec.workload_ips.iter().map(|i| i.ip.clone()).collect()
+fn slice_relevant_change(old: &CachedWorkload, new: &CachedWorkload) -> bool {
+    let ips = |w: &CachedWorkload| -> BTreeSet<String> {
+        w.addresses
+            .iter()
+            .map(|a| match a {
+                WorkloadAddress::Ip(ip) => ip.to_string(),
+                WorkloadAddress::Invalid(text) => text.to_string(),
+            })
+            .collect()
     };
-    old.metadata.labels != new.metadata.labels
-        || old.metadata.deletion_timestamp != new.metadata.deletion_timestamp
-        || old.is_ready() != new.is_ready()
-        || old.spec.ports != new.spec.ports
+    old.labels != new.labels
+        || old.deleting != new.deleting
+        || old.ready != new.ready
+        || old.ports != new.ports
         || ips(old) != ips(new)
-        || old.metadata.uid != new.metadata.uid
+        || old.uid != new.uid
 }

@@ -2,12 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::Config;
+use crate::model::{CachedService, CachedSlice, CachedWorkload};
+use crate::text::{Labels, Token};
 
 /// Label naming the Service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -26,113 +25,88 @@ const RESERVED_LABELS: [&str; 3] = [SERVICE_NAME_LABEL, MANAGED_BY_LABEL, HEADLE
 ///
 /// `None` for ExternalName Services and for a missing selector. An empty selector is also `None`:
 /// the API server drops an empty map when it stores a Service, and matching every workload of
-/// the namespace on a client-side `{}` would be a surprise, not an intent.
-pub(crate) fn active_selector(service: &Service) -> Option<&BTreeMap<String, String>> {
-    let spec = service.spec.as_ref()?;
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return None;
-    }
-    spec.selector.as_ref().filter(|s| !s.is_empty())
+/// the namespace on a client-side `{}` would be a surprise, not an intent. (The cached form
+/// keeps only such a selector; see [`CachedService::new`].)
+pub(crate) fn active_selector(service: &CachedService) -> Option<&Labels> {
+    service.selector.as_ref()
 }
 
 /// Whether `service` selects `workload`: same namespace, an active selector, every selector label
 /// present on the workload with an equal value.
-pub fn selects(service: &Service, workload: &ExternalWorkload) -> bool {
+pub fn selects(service: &CachedService, workload: &CachedWorkload) -> bool {
     let Some(selector) = active_selector(service) else {
         return false;
     };
-    if workload.metadata.namespace != service.metadata.namespace {
+    if workload.namespace != service.namespace {
         return false;
     }
-    let labels = workload.metadata.labels.as_ref();
     selector
         .iter()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-}
-
-/// Whether a Service is headless (clusterIP `None`).
-pub(crate) fn is_headless(service: &Service) -> bool {
-    service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None")
+        .all(|(k, v)| workload.labels.get(k) == Some(&**v))
 }
 
 /// The exact label set our slices of `service` carry.
-pub(crate) fn slice_labels(service: &Service, config: &Config) -> BTreeMap<String, String> {
+pub(crate) fn slice_labels(service: &CachedService, config: &Config) -> BTreeMap<String, String> {
     let mut labels: BTreeMap<String, String> = service
-        .metadata
         .labels
         .iter()
-        .flatten()
-        .filter(|(k, _)| !RESERVED_LABELS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .filter(|(k, _)| !RESERVED_LABELS.contains(&&***k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    labels.insert(
-        SERVICE_NAME_LABEL.to_owned(),
-        service.metadata.name.clone().unwrap_or_default(),
-    );
+    labels.insert(SERVICE_NAME_LABEL.to_owned(), service.name.to_string());
     labels.insert(MANAGED_BY_LABEL.to_owned(), config.managed_by().to_owned());
-    if is_headless(service) {
+    if service.headless {
         labels.insert(HEADLESS_LABEL.to_owned(), String::new());
     }
     labels
 }
 
 /// The controller owner reference our slices of `service` carry.
-pub(crate) fn owner_reference(service: &Service) -> OwnerReference {
+pub(crate) fn owner_reference(service: &CachedService) -> OwnerReference {
     OwnerReference {
         api_version: "v1".to_owned(),
         kind: "Service".to_owned(),
-        name: service.metadata.name.clone().unwrap_or_default(),
-        uid: service.metadata.uid.clone().unwrap_or_default(),
+        name: service.name.to_string(),
+        uid: service
+            .uid
+            .as_ref()
+            .map(Token::to_string)
+            .unwrap_or_default(),
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
 }
 
 /// Whether `slice` is controller-owned by this Service (same UID).
-pub(crate) fn is_owned_by(slice: &EndpointSlice, service: &Service) -> bool {
-    let uid = service.metadata.uid.as_deref().unwrap_or_default();
+pub(crate) fn is_owned_by(slice: &CachedSlice, service: &CachedService) -> bool {
+    let empty = Token::parse("");
+    let uid = service.uid.as_ref().unwrap_or(&empty);
     slice
-        .metadata
         .owner_references
         .iter()
-        .flatten()
-        .any(|r| r.controller == Some(true) && r.kind == "Service" && r.uid == uid)
+        .any(|r| r.controller == Some(true) && &*r.kind == "Service" && r.uid == *uid)
 }
 
 /// Whether `slice` carries our managed-by label.
-pub(crate) fn is_managed(slice: &EndpointSlice, config: &Config) -> bool {
-    label(slice, MANAGED_BY_LABEL) == Some(config.managed_by())
-}
-
-/// A label of a slice.
-pub(crate) fn label<'a>(slice: &'a EndpointSlice, key: &str) -> Option<&'a str> {
-    slice.metadata.labels.as_ref()?.get(key).map(String::as_str)
+pub(crate) fn is_managed(slice: &CachedSlice, config: &Config) -> bool {
+    slice.labels.get(MANAGED_BY_LABEL) == Some(config.managed_by())
 }
 
 /// Whether `actual` is exactly [`slice_labels`], checked without building it (no-op passes
 /// compare every slice's labels; see design.md section 10).
-pub(crate) fn labels_match(
-    actual: Option<&BTreeMap<String, String>>,
-    service: &Service,
-    config: &Config,
-) -> bool {
-    let Some(actual) = actual else {
-        return false;
-    };
-    let name = service.metadata.name.as_deref().unwrap_or_default();
-    let headless = is_headless(service);
-    let mut expected = 2 + usize::from(headless);
-    for (key, value) in service.metadata.labels.iter().flatten() {
-        if RESERVED_LABELS.contains(&key.as_str()) {
+pub(crate) fn labels_match(actual: &Labels, service: &CachedService, config: &Config) -> bool {
+    let mut expected = 2 + usize::from(service.headless);
+    for (key, value) in service.labels.iter() {
+        if RESERVED_LABELS.contains(&&**key) {
             continue;
         }
         expected += 1;
-        if actual.get(key) != Some(value) {
+        if actual.get(key) != Some(&**value) {
             return false;
         }
     }
     actual.len() == expected
-        && actual.get(SERVICE_NAME_LABEL).map(String::as_str) == Some(name)
-        && actual.get(MANAGED_BY_LABEL).map(String::as_str) == Some(config.managed_by())
-        && (!headless || actual.get(HEADLESS_LABEL).map(String::as_str) == Some(""))
+        && actual.get(SERVICE_NAME_LABEL) == Some(&*service.name)
+        && actual.get(MANAGED_BY_LABEL) == Some(config.managed_by())
+        && (!service.headless || actual.get(HEADLESS_LABEL) == Some(""))
 }

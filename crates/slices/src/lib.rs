@@ -1,9 +1,13 @@
 //! The pure EndpointSlice planner for Services that select ExternalWorkloads.
 //!
 //! Given a Service, the workloads of its namespace, the slices we already manage for it and the
-//! configuration, [`plan_slices`] returns the creates, updates and deletes that make the cluster
+//! configuration, [`plan_cached`] returns the creates, updates and deletes that make the cluster
 //! match design.md section 4. No tokio, no kube client, no I/O: the compiler keeps decisions apart
 //! from the writer, and everything here is tested with plain values.
+//!
+//! The planner reads the compact cached form of each kind ([`CachedService`], [`CachedWorkload`],
+//! [`CachedSlice`]), which the controller's caches hold instead of API objects (design.md
+//! section 10, memory); [`plan_slices`] takes API objects and projects them first.
 //!
 //! ```text
 //! Service ─┐
@@ -30,8 +34,10 @@ mod diagnostic;
 mod key;
 pub mod keys;
 mod labels;
+mod model;
 mod pack;
 mod plan;
+mod text;
 mod tracker;
 
 #[cfg(feature = "testing")]
@@ -40,11 +46,18 @@ pub mod testing;
 pub use config::{
     Config, ConfigError, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, MAX_ENDPOINTS_LIMIT,
 };
+pub use desired::Family;
 pub use diagnostic::{Diagnostic, Problem, ProblemKind};
 pub use key::ServiceKey;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
     selects,
 };
-pub use plan::{SlicePlan, Write, plan_slices};
+pub use model::{
+    CachedEndpoint, CachedOwner, CachedService, CachedServicePort, CachedSlice, CachedSlicePort,
+    CachedTarget, CachedWorkload, CachedWorkloadPort, Conditions, Families, SliceAddress,
+    TargetPort, WorkloadAddress,
+};
+pub use plan::{SlicePlan, Write, plan_cached, plan_slices};
+pub use text::{Intern, Labels, NoIntern, Text, Token};
 pub use tracker::{Freshness, StaleReason, Tracker};

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
@@ -12,11 +11,12 @@ use crate::desired::{GroupKey, WORKLOAD_KIND, Wanted, endpoint_ports};
 use crate::labels::{
     LAST_CHANGE_TRIGGER_TIME_ANNOTATION, labels_match, owner_reference, slice_labels,
 };
+use crate::model::{CachedEndpoint, CachedService, CachedSlice};
 
 /// What every slice of the Service shares. Values are built only for slices being written, so
 /// a no-op pass allocates little.
 pub(crate) struct SliceContext<'a> {
-    pub(crate) service: &'a Service,
+    pub(crate) service: &'a CachedService,
     pub(crate) config: &'a Config,
     pub(crate) namespace: &'a str,
     pub(crate) trigger_time: &'a Time,
@@ -24,24 +24,23 @@ pub(crate) struct SliceContext<'a> {
 }
 
 /// The writes for one group.
-#[derive(Default)]
-pub(crate) struct Packed {
+pub(crate) struct Packed<'s> {
     pub(crate) creates: Vec<EndpointSlice>,
     pub(crate) updates: Vec<EndpointSlice>,
-    pub(crate) deletes: Vec<EndpointSlice>,
+    pub(crate) deletes: Vec<&'s CachedSlice>,
 }
 
 /// An existing slice and the desired endpoints (indices into the group) it will hold.
 struct Kept<'s> {
-    base: &'s EndpointSlice,
+    base: &'s CachedSlice,
     endpoints: Vec<usize>,
 }
 
 // === impl SliceContext ===
 
 impl SliceContext<'_> {
-    fn labels_match(&self, slice: &EndpointSlice) -> bool {
-        labels_match(slice.metadata.labels.as_ref(), self.service, self.config)
+    fn labels_match(&self, slice: &CachedSlice) -> bool {
+        labels_match(&slice.labels, self.service, self.config)
     }
 
     fn trigger_annotation(&self) -> (String, String) {
@@ -53,8 +52,8 @@ impl SliceContext<'_> {
 }
 
 /// The workload an endpoint of our slice stands for, if it is one of ours.
-pub(crate) fn endpoint_key<'e>(endpoint: &'e Endpoint, namespace: &str) -> Option<&'e str> {
-    let target = endpoint.target_ref.as_ref()?;
+pub(crate) fn endpoint_key<'e>(endpoint: &'e CachedEndpoint, namespace: &str) -> Option<&'e str> {
+    let target = endpoint.target.as_ref()?;
     if target.kind.as_deref() != Some(WORKLOAD_KIND)
         || target.namespace.as_deref().unwrap_or_default() != namespace
     {
@@ -65,13 +64,17 @@ pub(crate) fn endpoint_key<'e>(endpoint: &'e Endpoint, namespace: &str) -> Optio
 
 /// Packs `wanted` (sorted by workload name) into `existing` (same group, sorted by name) and
 /// new slices.
-pub(crate) fn pack(
+pub(crate) fn pack<'s>(
     group: &GroupKey,
     wanted: &[Wanted<'_>],
-    existing: &[&EndpointSlice],
+    existing: &[&'s CachedSlice],
     ctx: &SliceContext<'_>,
-) -> Packed {
-    let mut packed = Packed::default();
+) -> Packed<'s> {
+    let mut packed = Packed {
+        creates: Vec::new(),
+        updates: Vec::new(),
+        deletes: Vec::new(),
+    };
     let mut taken = vec![false; wanted.len()];
     let mut updated: Vec<Kept<'_>> = Vec::new();
     let mut unchanged: Vec<Kept<'_>> = Vec::new();
@@ -84,7 +87,7 @@ pub(crate) fn pack(
         _ => wanted.binary_search_by(|w| w.name.cmp(key)).ok(),
     };
     for slice in existing {
-        let current = slice.endpoints.as_deref().unwrap_or_default();
+        let current: &[CachedEndpoint] = &slice.endpoints;
         let mut kept = Vec::with_capacity(current.len());
         let mut changed = false;
         for endpoint in current {
@@ -110,7 +113,7 @@ pub(crate) fn pack(
             changed = true;
         }
         if kept.is_empty() {
-            packed.deletes.push((*slice).clone());
+            packed.deletes.push(slice);
             continue;
         }
         let kept = Kept {
@@ -130,7 +133,7 @@ pub(crate) fn pack(
         b.endpoints
             .len()
             .cmp(&a.endpoints.len())
-            .then_with(|| a.base.metadata.name.cmp(&b.base.metadata.name))
+            .then_with(|| a.base.name.cmp(&b.base.name))
     });
     for kept in &mut updated {
         while kept.endpoints.len() < ctx.max {
@@ -152,7 +155,7 @@ pub(crate) fn pack(
                 a.endpoints
                     .len()
                     .cmp(&b.endpoints.len())
-                    .then_with(|| b.base.metadata.name.cmp(&a.base.metadata.name))
+                    .then_with(|| b.base.name.cmp(&a.base.name))
             })
             .map(|(index, _)| index);
         if let Some(index) = target {
@@ -188,7 +191,7 @@ pub(crate) fn new_slice(
     endpoints: Vec<Endpoint>,
     ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
-    let service_name = ctx.service.metadata.name.as_deref().unwrap_or_default();
+    let service_name = &*ctx.service.name;
     EndpointSlice {
         address_type: group.family.as_str().to_owned(),
         endpoints: Some(endpoints),
@@ -207,15 +210,14 @@ pub(crate) fn new_slice(
 /// `base` (keeping name, resourceVersion and fields others set) rewritten to hold `endpoints`
 /// of `group` with the Service's labels.
 pub(crate) fn rewrite(
-    base: &EndpointSlice,
+    base: &CachedSlice,
     group: &GroupKey,
     endpoints: Vec<Endpoint>,
     ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
-    // Only the metadata is copied: the old endpoints are replaced, so cloning them is waste.
-    let mut metadata = base.metadata.clone();
-    // Left out so the server keeps its own record; echoing it back could only go wrong.
-    metadata.managed_fields = None;
+    // Only the metadata is built: the old endpoints are replaced. managedFields are not cached,
+    // so the server keeps its own record.
+    let mut metadata = base.metadata();
     metadata.labels = Some(slice_labels(ctx.service, ctx.config));
     let (key, value) = ctx.trigger_annotation();
     metadata
@@ -223,7 +225,7 @@ pub(crate) fn rewrite(
         .get_or_insert_with(BTreeMap::new)
         .insert(key, value);
     EndpointSlice {
-        address_type: base.address_type.clone(),
+        address_type: base.address_type.to_string(),
         endpoints: Some(endpoints),
         metadata,
         ports: Some(endpoint_ports(&group.ports)),

@@ -8,8 +8,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::desired::{Family, GroupKey, desired, port_keys};
-use crate::labels::{SERVICE_NAME_LABEL, active_selector, is_managed, is_owned_by, label};
-use crate::pack::{SliceContext, endpoint_key, pack, rewrite};
+use crate::labels::{SERVICE_NAME_LABEL, active_selector, is_managed, is_owned_by};
+use crate::model::{CachedService, CachedSlice, CachedSlicePort, CachedWorkload};
+use crate::pack::{SliceContext, pack, rewrite};
 use crate::{Config, Diagnostic};
 
 /// The writes that bring one Service's slices to their desired state.
@@ -19,7 +20,7 @@ pub struct SlicePlan {
     pub creates: Vec<EndpointSlice>,
     /// Replacements of existing slices (name and resourceVersion of the existing slice).
     pub updates: Vec<EndpointSlice>,
-    /// Slices to delete, as found in the cache.
+    /// Slices to delete, as found in the cache (the fields it keeps).
     pub deletes: Vec<EndpointSlice>,
     /// Workload values left out, for Events and metrics; not writes.
     pub diagnostics: Vec<Diagnostic>,
@@ -62,8 +63,8 @@ impl SlicePlan {
     /// Drops the creates when `service` is being deleted: a slice created now would only wait
     /// for the garbage collector. `plan_slices` already applies this.
     #[must_use]
-    pub fn without_creates_if_deleting(mut self, service: &Service) -> Self {
-        if service.metadata.deletion_timestamp.is_some() {
+    pub fn without_creates_if_deleting(mut self, service: &CachedService) -> Self {
+        if service.deleting {
             self.creates.clear();
         }
         self
@@ -79,14 +80,8 @@ impl<'a> Write<'a> {
     }
 }
 
-/// Plans the slices of `service`.
-///
-/// - `workloads`: the workloads of the Service's namespace (others are ignored; selection is
-///   done here).
-/// - `existing`: cached slices with our managed-by label and this Service's service-name label
-///   (anything else is ignored and never touched).
-/// - `trigger_time`: time of the change that caused this pass, written to the
-///   `endpoints.kubernetes.io/last-change-trigger-time` annotation of written slices only.
+/// Plans the slices of `service` from API objects: projects them as the controller's cache does
+/// and calls [`plan_cached`]. For tests and tools that hold full objects.
 pub fn plan_slices(
     service: &Service,
     workloads: &[&ExternalWorkload],
@@ -94,25 +89,49 @@ pub fn plan_slices(
     config: &Config,
     trigger_time: &Time,
 ) -> SlicePlan {
-    let service_name = service.metadata.name.as_deref().unwrap_or_default();
-    let mut ours: Vec<&EndpointSlice> = existing
+    let service = CachedService::from(service);
+    let workloads: Vec<CachedWorkload> =
+        workloads.iter().map(|w| CachedWorkload::from(*w)).collect();
+    let existing: Vec<CachedSlice> = existing.iter().map(|s| CachedSlice::from(*s)).collect();
+    let workloads: Vec<&CachedWorkload> = workloads.iter().collect();
+    let existing: Vec<&CachedSlice> = existing.iter().collect();
+    plan_cached(&service, &workloads, &existing, config, trigger_time)
+}
+
+/// Plans the slices of `service`, from the controller's cached forms.
+///
+/// - `workloads`: the workloads of the Service's namespace (others are ignored; selection is
+///   done here).
+/// - `existing`: cached slices with our managed-by label and this Service's service-name label
+///   (anything else is ignored and never touched).
+/// - `trigger_time`: time of the change that caused this pass, written to the
+///   `endpoints.kubernetes.io/last-change-trigger-time` annotation of written slices only.
+pub fn plan_cached(
+    service: &CachedService,
+    workloads: &[&CachedWorkload],
+    existing: &[&CachedSlice],
+    config: &Config,
+    trigger_time: &Time,
+) -> SlicePlan {
+    let service_name = &*service.name;
+    let mut ours: Vec<&CachedSlice> = existing
         .iter()
         .copied()
-        .filter(|s| is_managed(s, config) && label(s, SERVICE_NAME_LABEL) == Some(service_name))
-        .filter(|s| s.metadata.namespace == service.metadata.namespace)
+        .filter(|s| is_managed(s, config) && s.labels.get(SERVICE_NAME_LABEL) == Some(service_name))
+        .filter(|s| s.namespace == service.namespace)
         .collect();
-    ours.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    ours.sort_by(|a, b| a.name.cmp(&b.name));
 
     let mut plan = SlicePlan::default();
     if active_selector(service).is_none() {
         // Lost its selector or became ExternalName: our slices go.
-        plan.deletes = ours.into_iter().cloned().collect();
+        plan.deletes = ours.into_iter().map(CachedSlice::to_slice).collect();
         return plan;
     }
 
     let desired = desired(service, workloads);
     plan.diagnostics = desired.diagnostics;
-    let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
+    let namespace = &*service.namespace;
     let ctx = SliceContext {
         service,
         config,
@@ -122,22 +141,23 @@ pub fn plan_slices(
     };
 
     // Sort existing slices into groups; foreign-owned and wrong-family slices go.
-    let mut existing_groups: BTreeMap<GroupKey, Vec<&EndpointSlice>> = BTreeMap::new();
-    let mut recyclable: Vec<EndpointSlice> = Vec::new();
+    let mut existing_groups: BTreeMap<GroupKey, Vec<&CachedSlice>> = BTreeMap::new();
+    let mut recyclable: Vec<&CachedSlice> = Vec::new();
+    let mut deletes: Vec<&CachedSlice> = Vec::new();
     for slice in ours {
         if !is_owned_by(slice, service) {
-            plan.deletes.push(slice.clone());
+            deletes.push(slice);
             continue;
         }
-        match Family::parse(&slice.address_type).filter(|f| desired.families.contains(f)) {
+        match Family::parse(&slice.address_type).filter(|f| desired.families.contains(*f)) {
             Some(family) => existing_groups
                 .entry(GroupKey {
                     family,
-                    ports: port_keys(slice.ports.as_ref()),
+                    ports: port_keys(&slice.ports),
                 })
                 .or_default()
                 .push(slice),
-            None => plan.deletes.push(slice.clone()),
+            None => deletes.push(slice),
         }
     }
 
@@ -150,54 +170,71 @@ pub fn plan_slices(
         recyclable.extend(packed.deletes);
     }
     for slices in existing_groups.into_values() {
-        recyclable.extend(slices.into_iter().cloned());
+        recyclable.extend(slices);
     }
 
     // Step 5: a create and a delete of the same family become one update of the deleted slice.
-    recyclable.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    recyclable.sort_by(|a, b| a.name.cmp(&b.name));
     let mut creates = Vec::new();
     for create in std::mem::take(&mut plan.creates) {
         let reuse = recyclable
             .iter()
-            .position(|d| d.address_type == create.address_type);
+            .position(|d| *d.address_type == *create.address_type);
         match reuse {
             Some(index) => {
                 let base = recyclable.remove(index);
-                plan.updates.push(recycle(&base, create, &ctx));
+                plan.updates.push(recycle(base, create, &ctx));
             }
             None => creates.push(create),
         }
     }
     plan.creates = creates;
-    plan.deletes.extend(recyclable);
+    deletes.extend(recyclable);
+    plan.deletes = deletes.into_iter().map(CachedSlice::to_slice).collect();
 
-    sort(&mut plan, namespace);
+    sort(&mut plan);
     plan.without_creates_if_deleting(service)
 }
 
 /// `base` rewritten to hold what `create` would have held.
-fn recycle(base: &EndpointSlice, create: EndpointSlice, ctx: &SliceContext<'_>) -> EndpointSlice {
+fn recycle(base: &CachedSlice, create: EndpointSlice, ctx: &SliceContext<'_>) -> EndpointSlice {
     let group = GroupKey {
         family: Family::parse(&create.address_type).unwrap_or(Family::V4),
-        ports: port_keys(create.ports.as_ref()),
+        ports: written_port_keys(&create),
     };
     rewrite(base, &group, create.endpoints.unwrap_or_default(), ctx)
 }
 
 /// Deterministic output: updates and deletes by name, creates by family, ports, first endpoint.
-fn sort(plan: &mut SlicePlan, namespace: &str) {
+fn sort(plan: &mut SlicePlan) {
     plan.updates
         .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     plan.deletes
         .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     plan.creates.sort_by_cached_key(|s| {
+        // Created endpoints all target workloads of the Service's namespace.
         let first = s
             .endpoints
             .iter()
             .flatten()
-            .find_map(|e| endpoint_key(e, namespace))
-            .map(str::to_owned);
-        (s.address_type.clone(), port_keys(s.ports.as_ref()), first)
+            .find_map(|e| e.target_ref.as_ref()?.name.clone());
+        (s.address_type.clone(), written_port_keys(s), first)
     });
     plan.diagnostics.sort();
+}
+
+/// The port keys of a slice the planner built.
+fn written_port_keys(slice: &EndpointSlice) -> Vec<crate::desired::PortKey> {
+    let ports: Vec<CachedSlicePort> = slice
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| CachedSlicePort {
+            name: p.name.as_deref().map(Into::into),
+            port: p.port,
+            protocol: p.protocol.as_deref().map(Into::into),
+            app_protocol: None,
+        })
+        .collect();
+    port_keys(&ports)
 }

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::ServiceKey;
-use crate::labels::{SERVICE_NAME_LABEL, label};
+use crate::labels::SERVICE_NAME_LABEL;
+use crate::model::CachedSlice;
+use crate::text::Token;
 
 /// Our writes per Service, so that planning never runs on a cache older than them.
 ///
@@ -51,14 +53,14 @@ struct Expectations {
     /// Slice name → what our last write of it returned.
     written: BTreeMap<String, Written>,
     /// Slice uid (or name when it has none) → name, of slices we deleted.
-    deleted: BTreeMap<String, String>,
+    deleted: BTreeMap<Token, String>,
 }
 
 #[derive(Debug)]
 struct Written {
-    uid: Option<String>,
+    uid: Option<Token>,
     generation: i64,
-    resource_version: Option<String>,
+    resource_version: Option<Token>,
     /// The cache has shown this write: from now on its absence means someone deleted it.
     seen: bool,
 }
@@ -93,9 +95,9 @@ impl Tracker {
         expectations.written.insert(
             name,
             Written {
-                uid: slice.metadata.uid.clone(),
+                uid: slice.metadata.uid.as_deref().map(Token::parse),
                 generation: slice.metadata.generation.unwrap_or_default(),
-                resource_version: slice.metadata.resource_version.clone(),
+                resource_version: slice.metadata.resource_version.as_deref().map(Token::parse),
                 seen: false,
             },
         );
@@ -108,7 +110,7 @@ impl Tracker {
         };
         let expectations = self.services.entry(key.clone()).or_default();
         expectations.written.remove(&name);
-        let id = slice.metadata.uid.clone().unwrap_or_else(|| name.clone());
+        let id = Token::parse(slice.metadata.uid.as_deref().unwrap_or(&name));
         expectations.deleted.insert(id, name);
     }
 
@@ -117,14 +119,11 @@ impl Tracker {
     /// Settles what the cache has caught up with, so a record claims staleness only until the
     /// cache shows it once: after that, a missing slice means someone else deleted it, and the
     /// plan must re-create it rather than wait.
-    pub fn check(&mut self, key: &ServiceKey, cached: &[&EndpointSlice]) -> Freshness {
+    pub fn check(&mut self, key: &ServiceKey, cached: &[&CachedSlice]) -> Freshness {
         let Some(expectations) = self.services.get_mut(key) else {
             return Freshness::Fresh;
         };
-        let by_name: HashMap<&str, &EndpointSlice> = cached
-            .iter()
-            .filter_map(|s| Some((s.metadata.name.as_deref()?, *s)))
-            .collect();
+        let by_name: HashMap<&str, &CachedSlice> = cached.iter().map(|s| (&*s.name, *s)).collect();
         let mut stale = None;
         for (name, written) in expectations.written.iter_mut().filter(|(_, w)| !w.seen) {
             match by_name.get(name.as_str()) {
@@ -134,10 +133,10 @@ impl Tracker {
                     });
                 }
                 // Same name, another object: someone replaced ours; nothing to wait for.
-                Some(c) if c.metadata.uid.is_some() && c.metadata.uid != written.uid => {
+                Some(c) if c.uid.is_some() && c.uid != written.uid => {
                     written.seen = true;
                 }
-                Some(c) if c.metadata.generation.unwrap_or_default() < written.generation => {
+                Some(c) if c.generation.unwrap_or_default() < written.generation => {
                     stale.get_or_insert(StaleReason::OlderGeneration {
                         slice: name.clone(),
                     });
@@ -145,19 +144,11 @@ impl Tracker {
                 Some(_) => written.seen = true,
             }
         }
-        let cached_ids: HashMap<&str, ()> = cached
-            .iter()
-            .filter_map(|s| {
-                Some((
-                    s.metadata.uid.as_deref().or(s.metadata.name.as_deref())?,
-                    (),
-                ))
-            })
-            .collect();
+        let cached_ids: HashMap<Token, ()> = cached.iter().map(|s| (slice_id(s), ())).collect();
         // A deleted slice gone from the cache needs no more waiting.
         expectations
             .deleted
-            .retain(|id, _| cached_ids.contains_key(id.as_str()));
+            .retain(|id, _| cached_ids.contains_key(id));
         if let Some(name) = expectations.deleted.values().next() {
             stale.get_or_insert(StaleReason::DeletedStillCached {
                 slice: name.clone(),
@@ -172,45 +163,33 @@ impl Tracker {
     /// Settles expectations from a watch event of a slice (call it for every managed slice
     /// event): a delete by someone else of a slice we wrote ends the wait for it, even if the
     /// cache never showed our write.
-    pub fn observe(&mut self, old: Option<&EndpointSlice>, new: Option<&EndpointSlice>) {
+    pub fn observe(&mut self, old: Option<&CachedSlice>, new: Option<&CachedSlice>) {
         let (Some(gone), None) = (old, new) else {
             return;
         };
         let Some(expectations) = service_key(gone).and_then(|k| self.services.get_mut(&k)) else {
             return;
         };
-        if let Some(name) = gone.metadata.name.as_deref() {
-            expectations.written.remove(name);
-        }
+        expectations.written.remove(&*gone.name);
     }
 
     /// Whether this slice, seen through the watch, is exactly what our last write returned.
-    pub fn is_own_write(&self, slice: &EndpointSlice) -> bool {
-        let (Some(name), Some(version)) = (
-            slice.metadata.name.as_deref(),
-            slice.metadata.resource_version.as_deref(),
-        ) else {
+    pub fn is_own_write(&self, slice: &CachedSlice) -> bool {
+        let Some(version) = slice.resource_version.as_ref() else {
             return false;
         };
         service_key(slice)
             .and_then(|k| self.services.get(&k))
-            .and_then(|e| e.written.get(name))
-            .is_some_and(|w| w.resource_version.as_deref() == Some(version))
+            .and_then(|e| e.written.get(&*slice.name))
+            .is_some_and(|w| w.resource_version.as_ref() == Some(version))
     }
 
     /// Whether a delete event of this slice is one we made.
-    pub fn is_expected_delete(&self, slice: &EndpointSlice) -> bool {
-        let Some(id) = slice
-            .metadata
-            .uid
-            .as_deref()
-            .or(slice.metadata.name.as_deref())
-        else {
-            return false;
-        };
+    pub fn is_expected_delete(&self, slice: &CachedSlice) -> bool {
+        let id = slice_id(slice);
         service_key(slice)
             .and_then(|k| self.services.get(&k))
-            .is_some_and(|e| e.deleted.contains_key(id))
+            .is_some_and(|e| e.deleted.contains_key(&id))
     }
 
     /// Forgets a Service (deleted: its slices go by garbage collection).
@@ -230,9 +209,17 @@ impl Tracker {
 }
 
 /// The Service a slice belongs to, from its namespace and service-name label.
-pub(crate) fn service_key(slice: &EndpointSlice) -> Option<ServiceKey> {
+pub(crate) fn service_key(slice: &CachedSlice) -> Option<ServiceKey> {
     Some(ServiceKey::new(
-        slice.metadata.namespace.clone()?,
-        label(slice, SERVICE_NAME_LABEL)?,
+        &*slice.namespace,
+        slice.labels.get(SERVICE_NAME_LABEL)?,
     ))
+}
+
+/// A slice's uid, or its name when it has none.
+fn slice_id(slice: &CachedSlice) -> Token {
+    match &slice.uid {
+        Some(uid) => uid.clone(),
+        None => Token::parse(&slice.name),
+    }
 }

@@ -6,10 +6,14 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::keys::{for_service, for_slice, for_workload};
 use slices::testing::{SliceStore, Svc, Workload, time};
-use slices::{Config, DEFAULT_NAME_PREFIX, SERVICE_NAME_LABEL, ServiceKey, Tracker, plan_slices};
+use slices::{
+    CachedService, CachedSlice, CachedWorkload, Config, DEFAULT_NAME_PREFIX, SERVICE_NAME_LABEL,
+    ServiceKey, Tracker, plan_slices,
+};
 
-fn services() -> Vec<Service> {
-    vec![
+/// The Services of the cases, in the cached form the handlers pass.
+fn services() -> Vec<CachedService> {
+    let services: Vec<Service> = vec![
         Svc::named("web").selector("app", "web").build(),
         Svc::named("api").selector("app", "api").build(),
         Svc::named("all-web").selector("tier", "front").build(),
@@ -18,7 +22,24 @@ fn services() -> Vec<Service> {
             .selector("app", "web")
             .build(),
         Svc::named("no-selector").build(),
-    ]
+    ];
+    services.iter().map(CachedService::from).collect()
+}
+
+fn workload(workload: &ExternalWorkload) -> CachedWorkload {
+    CachedWorkload::from(workload)
+}
+
+/// `for_slice` on slices in the cached form the handlers pass.
+fn slice_keys(
+    old: Option<&EndpointSlice>,
+    new: Option<&EndpointSlice>,
+    config: &Config,
+    tracker: &Tracker,
+) -> Vec<ServiceKey> {
+    let old = old.map(CachedSlice::from);
+    let new = new.map(CachedSlice::from);
+    for_slice(old.as_ref(), new.as_ref(), config, tracker)
 }
 
 fn vm() -> Workload {
@@ -41,13 +62,15 @@ fn keys(names: &[&str]) -> Vec<ServiceKey> {
 
 fn on_update(old: Workload, new: Workload) -> Vec<ServiceKey> {
     let (old, new): (ExternalWorkload, ExternalWorkload) = (old.build(), new.build());
-    for_workload(Some(&old), Some(&new), &services())
+    for_workload(Some(&workload(&old)), Some(&workload(&new)), &services())
 }
 
 #[test]
 fn service_event_gives_that_service() {
     assert_eq!(
-        for_service(&Svc::named("web").namespace("shop").build()),
+        for_service(&CachedService::from(
+            &Svc::named("web").namespace("shop").build()
+        )),
         ServiceKey::new("shop", "web")
     );
     assert_eq!(ServiceKey::new("shop", "web").to_string(), "shop/web");
@@ -55,7 +78,7 @@ fn service_event_gives_that_service() {
 
 #[test]
 fn workload_add_or_delete_gives_the_selecting_services_of_its_namespace() {
-    let w = vm().build();
+    let w = workload(&vm().build());
     assert_eq!(
         for_workload(None, Some(&w), &services()),
         keys(&["all-web", "web"])
@@ -140,7 +163,7 @@ fn workload_update_of_mesh_identity_only_gives_nothing() {
     let mut new = old.clone();
     new.spec.mesh_tls.identity = "other".into();
     new.metadata.resource_version = Some("2".into());
-    assert!(for_workload(Some(&old), Some(&new), &services()).is_empty());
+    assert!(for_workload(Some(&workload(&old)), Some(&workload(&new)), &services()).is_empty());
 }
 
 fn managed_slice() -> EndpointSlice {
@@ -156,11 +179,11 @@ fn managed_slice_event_gives_the_service_in_its_label() {
     let tracker = Tracker::new();
     let config = Config::default();
     assert_eq!(
-        for_slice(None, Some(&slice), &config, &tracker),
+        slice_keys(None, Some(&slice), &config, &tracker),
         keys(&["web"])
     );
     assert_eq!(
-        for_slice(Some(&slice), Some(&slice), &config, &tracker),
+        slice_keys(Some(&slice), Some(&slice), &config, &tracker),
         keys(&["web"])
     );
 }
@@ -175,7 +198,7 @@ fn managed_slice_whose_service_label_changed_gives_old_and_new_services() {
         .unwrap()
         .insert(SERVICE_NAME_LABEL.into(), "api".into());
     assert_eq!(
-        for_slice(Some(&old), Some(&new), &Config::default(), &Tracker::new()),
+        slice_keys(Some(&old), Some(&new), &Config::default(), &Tracker::new()),
         keys(&["api", "web"])
     );
 }
@@ -184,7 +207,7 @@ fn managed_slice_whose_service_label_changed_gives_old_and_new_services() {
 fn slice_managed_by_someone_else_gives_nothing() {
     let slice = managed_slice();
     let other = Config::new(100, "endpointslice-controller.k8s.io", DEFAULT_NAME_PREFIX).unwrap();
-    assert!(for_slice(None, Some(&slice), &other, &Tracker::new()).is_empty());
+    assert!(slice_keys(None, Some(&slice), &other, &Tracker::new()).is_empty());
 }
 
 #[test]
@@ -192,7 +215,7 @@ fn our_own_write_seen_through_the_watch_gives_nothing() {
     let slice = managed_slice();
     let mut tracker = Tracker::new();
     tracker.record_write(&ServiceKey::new("default", "web"), &slice);
-    assert!(for_slice(None, Some(&slice), &Config::default(), &tracker).is_empty());
+    assert!(slice_keys(None, Some(&slice), &Config::default(), &tracker).is_empty());
 }
 
 #[test]
@@ -200,14 +223,14 @@ fn our_own_delete_seen_through_the_watch_gives_nothing() {
     let slice = managed_slice();
     let mut tracker = Tracker::new();
     tracker.record_delete(&ServiceKey::new("default", "web"), &slice);
-    assert!(for_slice(Some(&slice), None, &Config::default(), &tracker).is_empty());
+    assert!(slice_keys(Some(&slice), None, &Config::default(), &tracker).is_empty());
 }
 
 #[test]
 fn managed_slice_deleted_by_someone_else_gives_its_service_even_if_this_term_never_wrote_it() {
     let slice = managed_slice();
     assert_eq!(
-        for_slice(Some(&slice), None, &Config::default(), &Tracker::new()),
+        slice_keys(Some(&slice), None, &Config::default(), &Tracker::new()),
         keys(&["web"])
     );
 }

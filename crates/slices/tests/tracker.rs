@@ -4,10 +4,17 @@
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::testing::{SliceStore, Svc, Workload, time};
-use slices::{Config, Freshness, ServiceKey, StaleReason, Tracker, plan_slices};
+use slices::{CachedSlice, Config, Freshness, ServiceKey, StaleReason, Tracker, plan_slices};
 
 fn key() -> ServiceKey {
     ServiceKey::new("default", "web")
+}
+
+/// `tracker.check` on these slices, in the cached form the controller passes.
+fn check(tracker: &mut Tracker, slices: &[&EndpointSlice]) -> Freshness {
+    let cached: Vec<CachedSlice> = slices.iter().map(|s| CachedSlice::from(*s)).collect();
+    let refs: Vec<&CachedSlice> = cached.iter().collect();
+    tracker.check(&key(), &refs)
 }
 
 /// Applies a first plan for one workload, recording each response in `tracker`.
@@ -69,7 +76,7 @@ fn cache_showing_an_older_generation_than_we_wrote_is_stale() {
     let old_cache = created.clone();
     write_slices(&mut tracker, &mut store, &["10.0.0.2"]);
     let refs: Vec<_> = old_cache.iter().collect();
-    let freshness = tracker.check(&key(), &refs);
+    let freshness = check(&mut tracker, &refs);
     assert!(
         matches!(&freshness, Freshness::Stale(reason) if reason.reason() == "older_generation"),
         "{freshness:?}"
@@ -83,7 +90,7 @@ fn cache_still_holding_a_slice_we_deleted_is_stale() {
     write_slices(&mut tracker, &mut store, &[]); // deletes it
     let refs: Vec<_> = created.iter().collect();
     assert!(matches!(
-        tracker.check(&key(), &refs),
+        check(&mut tracker, &refs),
         Freshness::Stale(StaleReason::DeletedStillCached { .. })
     ));
     assert_eq!(
@@ -97,14 +104,14 @@ fn cache_still_holding_a_slice_we_deleted_is_stale() {
 fn cache_that_caught_up_is_fresh() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    assert_eq!(tracker.check(&key(), &store.slices()), Freshness::Fresh);
+    assert_eq!(check(&mut tracker, &store.slices()), Freshness::Fresh);
 }
 
 #[test]
 fn slice_deleted_by_someone_else_after_the_cache_showed_it_is_not_waited_for() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    assert_eq!(tracker.check(&key(), &store.slices()), Freshness::Fresh);
+    assert_eq!(check(&mut tracker, &store.slices()), Freshness::Fresh);
     // Someone deletes it: the cache now lacks it, and the plan must re-create it, not wait.
     assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
 }
@@ -113,7 +120,7 @@ fn slice_deleted_by_someone_else_after_the_cache_showed_it_is_not_waited_for() {
 fn slice_deleted_by_someone_else_before_the_cache_showed_it_is_not_waited_for() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    tracker.observe(Some(&created[0]), None);
+    tracker.observe(Some(&CachedSlice::from(&created[0])), None);
     assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
 }
 
@@ -121,10 +128,10 @@ fn slice_deleted_by_someone_else_before_the_cache_showed_it_is_not_waited_for() 
 fn own_writes_seen_through_the_watch_are_recognised() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    assert!(tracker.is_own_write(&created[0]));
+    assert!(tracker.is_own_write(&CachedSlice::from(&created[0])));
     let mut changed_by_someone = created[0].clone();
     changed_by_someone.metadata.resource_version = Some("999".into());
-    assert!(!tracker.is_own_write(&changed_by_someone));
+    assert!(!tracker.is_own_write(&CachedSlice::from(&changed_by_someone)));
 }
 
 #[test]
@@ -132,11 +139,11 @@ fn only_our_deletes_are_expected() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
     assert!(
-        !tracker.is_expected_delete(&created[0]),
+        !tracker.is_expected_delete(&CachedSlice::from(&created[0])),
         "we did not delete it (yet)"
     );
     write_slices(&mut tracker, &mut store, &[]);
-    assert!(tracker.is_expected_delete(&created[0]));
+    assert!(tracker.is_expected_delete(&CachedSlice::from(&created[0])));
 }
 
 #[test]
@@ -145,7 +152,7 @@ fn deleted_service_is_forgotten() {
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
     tracker.forget(&key());
     assert!(tracker.is_empty());
-    assert!(!tracker.is_own_write(&created[0]));
+    assert!(!tracker.is_own_write(&CachedSlice::from(&created[0])));
     assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
 }
 

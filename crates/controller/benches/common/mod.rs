@@ -416,9 +416,20 @@ pub async fn populate(
     per_service: usize,
     started: Instant,
 ) {
+    populate_range(client, namespace, 0..services, per_service, started).await
+}
+
+/// Like [`populate`], for Services `range` (`svc-<i>` for `i` in it) and their workloads.
+pub async fn populate_range(
+    client: &Client,
+    namespace: &str,
+    range: std::ops::Range<usize>,
+    per_service: usize,
+    started: Instant,
+) {
     let service_api: Api<Service> = Api::namespaced(client.clone(), namespace);
     let workload_api: Api<ExternalWorkload> = Api::namespaced(client.clone(), namespace);
-    let total = services * (1 + per_service);
+    let total = range.len() * (1 + per_service);
     let done = Arc::new(AtomicUsize::new(0));
     let begun = Instant::now();
     let reporter = {
@@ -438,7 +449,7 @@ pub async fn populate(
             }
         })
     };
-    let jobs = (0..services).flat_map(|i| (0..=per_service).map(move |j| (i, j)));
+    let jobs = range.flat_map(|i| (0..=per_service).map(move |j| (i, j)));
     futures::stream::iter(jobs)
         .for_each_concurrent(CREATE_CONCURRENCY, |(i, j)| {
             let (service_api, workload_api, done) =
