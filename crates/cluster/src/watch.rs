@@ -88,15 +88,28 @@ impl Strip for EndpointSlice {
     }
 }
 
+/// The counters of one watch.
+#[derive(Clone, Debug, Default)]
+pub struct WatchCounters {
+    /// Errors, each retried with backoff.
+    pub errors: Counter,
+    /// Complete lists after the first (after a 410 Gone, or a watch that could not resume).
+    pub relists: Counter,
+}
+
 /// Runs one watch until `shutdown`, keeping `cache` current and handing every change to
 /// `dispatch` after the cache holds it. `on_synced` runs once, after the first complete list.
+///
+/// A re-list fills a new cache beside the current one, which keeps serving (and planning) until
+/// the list is complete; then the two are swapped and the differences dispatched. A plan never
+/// sees a half-listed cache, so a re-list alone never deletes a slice that should stay.
 pub async fn run<K, D>(
     api: Api<K>,
     config: watcher::Config,
     cache: Arc<Cache<K>>,
     mut dispatch: D,
     on_synced: impl FnOnce(),
-    errors: Counter,
+    counters: WatchCounters,
     shutdown: CancellationToken,
 ) where
     K: Strip + Clone + Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
@@ -117,7 +130,7 @@ pub async fn run<K, D>(
             None => return,
             Some(Ok(event)) => event,
             Some(Err(error)) => {
-                errors.inc();
+                counters.errors.inc();
                 tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
                 continue;
             }
@@ -137,9 +150,15 @@ pub async fn run<K, D>(
                     dispatch(change);
                 }
                 tracing::debug!(%kind, objects = count, "list complete");
-                if let Some(on_synced) = on_synced.take() {
-                    tracing::info!(%kind, objects = count, "cache synced");
-                    on_synced();
+                match on_synced.take() {
+                    Some(on_synced) => {
+                        tracing::info!(%kind, objects = count, "cache synced");
+                        on_synced();
+                    }
+                    None => {
+                        counters.relists.inc();
+                        tracing::info!(%kind, objects = count, "re-listed");
+                    }
                 }
             }
         }

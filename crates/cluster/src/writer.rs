@@ -176,7 +176,11 @@ pub async fn write_plan<W: SliceApi>(
                     tracker.lock().record_write(key, &created);
                     metrics.count_write(Operation::Create);
                     written.created += 1;
-                    tracing::debug!(slice = %slice_name(&created), "created slice");
+                    tracing::debug!(
+                        slice = %slice_name(&created),
+                        version = created.metadata.resource_version.as_deref(),
+                        "created slice"
+                    );
                 }
                 Err(error) => {
                     metrics.count_write_error(Operation::Create);
@@ -188,7 +192,11 @@ pub async fn write_plan<W: SliceApi>(
                     tracker.lock().record_write(key, &updated);
                     metrics.count_write(Operation::Update);
                     written.updated += 1;
-                    tracing::debug!(slice = %slice_name(&updated), "updated slice");
+                    tracing::debug!(
+                        slice = %slice_name(&updated),
+                        version = updated.metadata.resource_version.as_deref(),
+                        "updated slice"
+                    );
                 }
                 Err(error) => {
                     metrics.count_write_error(Operation::Update);
