@@ -24,7 +24,7 @@ mod world;
 
 use testbed::{Server, Testbed};
 
-use control::{Stop, apiserver_partition, restart, slow_api, watch_expiry};
+use control::{Stop, apiserver_partition, restart, slow_api, slow_within_deadline, watch_expiry};
 use support::chaos::audit::{LeaderMonitor, WriteAudit};
 use world::{Member, World};
 
@@ -209,5 +209,16 @@ async fn one_of_two_apiservers_cut_off_exactly_one_leader_and_convergence() {
     model.wait_reflected(&world.cluster, None).await;
     let watchers = Watchers::start(&world, &members).await;
     apiserver_partition(&mut world, &mut members).await;
+    watchers.check(&world, &members);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_renewals_within_renew_deadline_never_leave_the_cluster_without_a_leader() {
+    let _serial = SERIAL.lock().await;
+    let Some(testbed) = plane().await else { return };
+    let _logs = testbed.log_guard();
+    let (mut world, mut members) = world_with(testbed, "cp-slow-within", &[true, true]).await;
+    let watchers = Watchers::start(&world, &members).await;
+    slow_within_deadline(&mut world, &mut members).await;
     watchers.check(&world, &members);
 }

@@ -23,7 +23,10 @@ use crate::{
         eventually,
         proxy::Mode,
     },
-    world::{BEFORE_FAULT, CHANGES, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK, WORKERS, World},
+    world::{
+        BEFORE_FAULT, CHANGES, LEASE_DURATION, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK,
+        WORKERS, World,
+    },
 };
 
 /// How long a restarted server and the replicas may take to be back on a loaded machine.
@@ -35,6 +38,9 @@ pub const RECOVER: Duration = Duration::from_secs(180);
 /// land before any other replica may acquire (see docs/leader-election.md).
 pub const SLOW: Duration = Duration::from_millis(1000);
 pub const SLOWER: Duration = Duration::from_millis(2500);
+/// A latency that makes a renewal (two requests: 1.2 s, 2.4 s on a new connection) outlast
+/// RetryPeriod, not RenewDeadline.
+pub const SLOW_WITHIN: Duration = Duration::from_millis(600);
 
 /// How a server goes down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,13 +64,17 @@ pub async fn restart(world: &mut World<'_>, members: &mut [Member], server: Serv
     let mut churn = world.churn_retrying(CHANGES);
     churn.wait_for(BEFORE_FAULT).await;
 
+    // A graceful stop stops listening at once, then waits for open requests (watches) for up
+    // to a minute before the process exits: the leader's step-down is timed meanwhile.
     let down = Instant::now();
-    match stop {
-        Stop::Kill => world.testbed.kill(server).await.unwrap(),
-        Stop::Graceful => world.testbed.stop(server).await.unwrap(),
-    }
-    eprintln!("{server:?} {stop:?}: down after {:?}", down.elapsed());
-    let stepped = wait_gauge(leader, false, CONVERGE).await;
+    let stopping = async {
+        match stop {
+            Stop::Kill => world.testbed.kill(server).await.unwrap(),
+            Stop::Graceful => world.testbed.stop(server).await.unwrap(),
+        }
+        eprintln!("{server:?} {stop:?}: exited after {:?}", down.elapsed());
+    };
+    let ((), stepped) = tokio::join!(stopping, wait_gauge(leader, false, CONVERGE));
     let took = stepped - down;
     eprintln!("{server:?} {stop:?}: the leader stopped leading {took:?} after the stop began");
     assert!(
@@ -288,6 +298,38 @@ pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
         writes,
         "the old leader wrote after the slow-down"
     );
+}
+
+/// The API server slows down for every replica by [`SLOW_WITHIN`]: a renewal or an acquisition
+/// (a read, then a write) takes longer than RetryPeriod, yet well within RenewDeadline (a new
+/// connection's handshake included). A slow but working API server must not leave the cluster
+/// without a leader: one replica leads throughout or soon, and the changes converge.
+pub async fn slow_within_deadline(world: &mut World<'_>, members: &mut [Member]) {
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
+    let leader = replicas[index].identity.clone();
+    let mut churn = world.churn(CHANGES);
+    churn.wait_for(BEFORE_FAULT).await;
+
+    for member in members.iter() {
+        member.proxy.as_ref().expect("proxied").set(Mode::Delay(SLOW_WITHIN));
+    }
+    // Several LeaseDurations with the slow API: a leader must be there at the end.
+    let since = Instant::now();
+    while since.elapsed() < LEASE_DURATION * 4 {
+        tokio::time::sleep(RETRY_PERIOD).await;
+    }
+    let (now, _) = wait_any_leading(&world.cluster, &replicas).await;
+    eprintln!(
+        "slow API for all ({SLOW_WITHIN:?}): {} leads ({leader} led before)",
+        replicas[now].identity
+    );
+    world.settle(churn).await;
+    for member in members.iter() {
+        member.proxy.as_ref().expect("proxied").restore();
+    }
+    let churn = world.churn(CHANGES / 2);
+    world.settle(churn).await;
 }
 
 /// Two API servers on one etcd, the replicas spread over both: the API server of the leader is
