@@ -31,16 +31,15 @@ use crate::{
 
 /// How long a restarted server and the replicas may take to be back on a loaded machine.
 pub const RECOVER: Duration = Duration::from_secs(180);
-/// The slow API server: a first latency the leader rides out (renewals take about 1 s, well
-/// within RenewDeadline), then one that makes every renewal overrun RenewDeadline. The step
-/// between them stays within LeaseDuration − RenewDeadline + the fence margin (1.5 s): a write
-/// fenced just in time may be slower than the renewals before it by no more than that and still
-/// land before any other replica may acquire (see docs/leader-election.md).
-pub const SLOW: Duration = Duration::from_millis(1000);
-pub const SLOWER: Duration = Duration::from_millis(2500);
-/// A latency that makes a renewal (two requests: 1.2 s, 2.4 s on a new connection) outlast
-/// RetryPeriod, not RenewDeadline.
+/// A latency a term rides out: a renewal (a read and a write) takes 1.2 s, longer than
+/// RetryPeriod; the next one starts when it ends and must end within RenewDeadline of the
+/// previous one's start (2.4 s of 3 s).
 pub const SLOW_WITHIN: Duration = Duration::from_millis(600);
+/// A latency no renewal survives (4 s a renewal). The step from [`SLOW_WITHIN`] stays within
+/// LeaseDuration − RenewDeadline + the fence margin (1.5 s): a write fenced just in time may be
+/// that much slower than the renewal before it and still land before any other replica may
+/// acquire (docs/leader-election.md, "Slow API server").
+pub const SLOWER: Duration = Duration::from_millis(2000);
 
 /// How a server goes down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,39 +213,50 @@ pub async fn watch_expiry(world: &mut World<'_>, members: &mut Vec<Member>) {
     world.settle(churn).await;
 }
 
-/// The leader's API connection slows down: first by [`SLOW`] (it may ride that out), then by
-/// [`SLOWER`], which makes every renewal overrun RenewDeadline. The term ends cleanly within
-/// RenewDeadline (counted step-down, no exit); the writes it had in flight are at most one per
-/// worker and none is sent after the fence closed (the write audit checks that none landed
-/// while another replica held the Lease); a follower leads only after the old leader stopped;
-/// with the latency gone the old leader stays a follower and writes nothing.
+/// The leader's API connection slows down: first by [`SLOW_WITHIN`], which the term rides out
+/// (same term, no step-down, renewals go on), then by [`SLOWER`], which makes every renewal
+/// overrun RenewDeadline. The term ends cleanly within RenewDeadline (counted step-down, no
+/// exit); the writes it had in flight are at most one per worker, none landed while another
+/// replica held the Lease (the write audit); a follower leads only after the old leader
+/// stopped; with the latency gone the old leader stays a follower and writes nothing.
 pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let old = &members[index];
     let proxy = old.proxy.as_ref().expect("the leader is proxied");
     let step_downs = metric(&old.replica, "external_endpoints_leader_step_downs_total").await;
+    let term = metric(&old.replica, "external_endpoints_leader_term").await;
     let mut churn = world.churn(CHANGES);
     churn.wait_for(BEFORE_FAULT).await;
 
-    proxy.set(Mode::Delay(SLOW));
-    let renewed = lease_renew_time(&world.cluster).await;
-    eventually(
-        "a renewal through the slow connection",
-        CONVERGE,
-        || async {
-            let now = lease_renew_time(&world.cluster).await;
-            if now > renewed {
-                Ok(())
-            } else {
-                Err(format!("renewTime {now:?}"))
-            }
-        },
-    )
-    .await;
-    eprintln!(
-        "slow API ({SLOW:?}): the leader still leads: {}",
-        old.replica.is_leader().await
+    proxy.set(Mode::Delay(SLOW_WITHIN));
+    for _ in 0..3 {
+        let renewed = lease_renew_time(&world.cluster).await;
+        eventually(
+            "a renewal through the slow connection",
+            CONVERGE,
+            || async {
+                let now = lease_renew_time(&world.cluster).await;
+                if now > renewed {
+                    Ok(())
+                } else {
+                    Err(format!("renewTime {now:?}"))
+                }
+            },
+        )
+        .await;
+    }
+    assert!(
+        old.replica.is_leader().await,
+        "the term rides out {SLOW_WITHIN:?}"
+    );
+    assert_eq!(
+        metric(&old.replica, "external_endpoints_leader_term").await,
+        term
+    );
+    assert_eq!(
+        metric(&old.replica, "external_endpoints_leader_step_downs_total").await,
+        step_downs
     );
 
     proxy.set(Mode::Delay(SLOWER));
@@ -312,7 +322,11 @@ pub async fn slow_within_deadline(world: &mut World<'_>, members: &mut [Member])
     churn.wait_for(BEFORE_FAULT).await;
 
     for member in members.iter() {
-        member.proxy.as_ref().expect("proxied").set(Mode::Delay(SLOW_WITHIN));
+        member
+            .proxy
+            .as_ref()
+            .expect("proxied")
+            .set(Mode::Delay(SLOW_WITHIN));
     }
     // Several LeaseDurations with the slow API: a leader must be there at the end.
     let since = Instant::now();
