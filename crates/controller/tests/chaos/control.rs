@@ -92,8 +92,12 @@ pub async fn restart(world: &mut World<'_>, members: &mut [Member], server: Serv
         Server::Etcd => true,
         Server::ApiServer(index) => members.iter().all(|m| m.apiserver == index),
     };
-    let attempts = write_attempts(members).await;
     if all_down {
+        // Writes sent before the step-down may still fail (or land) now; once the old term's
+        // work is over, the count must not move.
+        wait_no_write_in_flight(leader).await;
+        let attempts = write_attempts(members).await;
+        tokio::time::sleep(RETRY_PERIOD * 2).await;
         for member in members.iter() {
             assert!(
                 !member.replica.is_leader().await,
@@ -101,16 +105,13 @@ pub async fn restart(world: &mut World<'_>, members: &mut [Member], server: Serv
                 member.replica.identity
             );
         }
-    }
-    tokio::time::sleep(RETRY_PERIOD).await;
-    world.testbed.restart(server).await.unwrap();
-    if all_down {
         assert_eq!(
             write_attempts(members).await,
             attempts,
             "a replica tried to write while nobody led"
         );
     }
+    world.testbed.restart(server).await.unwrap();
     wait_api_ready(&world.cluster).await;
     eprintln!("{server:?} {stop:?}: back after {:?}", down.elapsed());
 
@@ -475,6 +476,25 @@ pub async fn wait_api_ready(cluster: &Cluster) {
             .map(|_| ())
             .map_err(|error| error.to_string())
     })
+    .await
+}
+
+/// Waits until the replica has no reconcile in flight (a write sent before its step-down may
+/// hang until the API server gives up on etcd).
+async fn wait_no_write_in_flight(replica: &Replica) {
+    eventually(
+        &format!("{}'s in-flight work to end", replica.identity),
+        RECOVER,
+        || async {
+            match replica
+                .metric("external_endpoints_queue_in_flight", "")
+                .await?
+            {
+                0.0 => Ok(()),
+                n => Err(format!("{n} in flight")),
+            }
+        },
+    )
     .await
 }
 
