@@ -31,15 +31,19 @@ use crate::{
 
 /// How long a restarted server and the replicas may take to be back on a loaded machine.
 pub const RECOVER: Duration = Duration::from_secs(180);
-/// A latency a term rides out: a renewal (a read and a write) takes 1.2 s, longer than
-/// RetryPeriod; the next one starts when it ends and must end within RenewDeadline of the
-/// previous one's start (2.4 s of 3 s).
+/// A latency a term rides out: a renewal (a read and a write) takes 0.7 s, 1.4 s on a new
+/// connection (two more round trips for the handshake), longer than RetryPeriod; the next one
+/// starts when one ends and must end within RenewDeadline of the previous one's start, which
+/// holds even for two new connections in a row (2.8 s of 3 s).
+pub const SLOW_RIDDEN_OUT: Duration = Duration::from_millis(350);
+/// A latency with which a renewal (1.2 s, 2.4 s on a new connection) outlasts RetryPeriod but
+/// not RenewDeadline; two slow renewals in a row may still end a term, but someone must lead.
 pub const SLOW_WITHIN: Duration = Duration::from_millis(600);
-/// A latency no renewal survives (4 s a renewal). The step from [`SLOW_WITHIN`] stays within
-/// LeaseDuration − RenewDeadline + the fence margin (1.5 s): a write fenced just in time may be
-/// that much slower than the renewal before it and still land before any other replica may
-/// acquire (docs/leader-election.md, "Slow API server").
-pub const SLOWER: Duration = Duration::from_millis(2000);
+/// A latency no renewal survives (3.6 s a renewal). The step from [`SLOW_RIDDEN_OUT`] stays
+/// within LeaseDuration − RenewDeadline + the fence margin (1.5 s): a write fenced just in time
+/// may be that much slower than the renewal before it and still land before any other replica
+/// may acquire (docs/leader-election.md).
+pub const SLOWER: Duration = Duration::from_millis(1800);
 
 /// How a server goes down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,7 +218,7 @@ pub async fn watch_expiry(world: &mut World<'_>, members: &mut Vec<Member>) {
     world.settle(churn).await;
 }
 
-/// The leader's API connection slows down: first by [`SLOW_WITHIN`], which the term rides out
+/// The leader's API connection slows down: first by [`SLOW_RIDDEN_OUT`], which the term rides out
 /// (same term, no step-down, renewals go on), then by [`SLOWER`], which makes every renewal
 /// overrun RenewDeadline. The term ends cleanly within RenewDeadline (counted step-down, no
 /// exit); the writes it had in flight are at most one per worker, none landed while another
@@ -230,7 +234,7 @@ pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
     let mut churn = world.churn(CHANGES);
     churn.wait_for(BEFORE_FAULT).await;
 
-    proxy.set(Mode::Delay(SLOW_WITHIN));
+    proxy.set(Mode::Delay(SLOW_RIDDEN_OUT));
     for _ in 0..3 {
         let renewed = lease_renew_time(&world.cluster).await;
         eventually(
@@ -249,7 +253,7 @@ pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
     }
     assert!(
         old.replica.is_leader().await,
-        "the term rides out {SLOW_WITHIN:?}"
+        "the term rides out {SLOW_RIDDEN_OUT:?}"
     );
     assert_eq!(
         metric(&old.replica, "external_endpoints_leader_term").await,
@@ -312,9 +316,9 @@ pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
 }
 
 /// The API server slows down for every replica by [`SLOW_WITHIN`]: a renewal or an acquisition
-/// (a read, then a write) takes longer than RetryPeriod, yet well within RenewDeadline (a new
-/// connection's handshake included). A slow but working API server must not leave the cluster
-/// without a leader: one replica leads throughout or soon, and the changes converge.
+/// (a read, then a write) takes longer than RetryPeriod, yet within RenewDeadline. A slow but
+/// working API server must not leave the cluster without a leader: a replica leads at the end
+/// (the same term, or a new one after two slow renewals in a row), and the changes converge.
 pub async fn slow_within_deadline(world: &mut World<'_>, members: &mut [Member]) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
