@@ -133,6 +133,9 @@ async fn run() {
         monitor.reset_longest();
         let began = Instant::now();
         strike(&mut world, &mut members, fault).await;
+        // Replicas that left are not sampled any more: a new one may reuse an admin port.
+        let remaining: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+        monitor.retain(&remaining);
         refill(&mut world, &mut members, &monitor).await;
         let took = began.elapsed();
         let state = monitor.state();

@@ -298,6 +298,15 @@ impl LeaderMonitor {
         }
     }
 
+    /// Stops sampling every replica but `replicas`. Call it once the others have exited and
+    /// before new replicas start: a new admin server may get the port of one that exited, and
+    /// would then be sampled under two names.
+    pub fn retain(&self, replicas: &[&Replica]) {
+        self.replicas
+            .lock()
+            .retain(|(identity, _)| replicas.iter().any(|r| r.identity == *identity));
+    }
+
     /// What it saw so far.
     pub fn state(&self) -> MonitorState {
         self.state.lock().clone()
