@@ -235,11 +235,19 @@ impl Watches<'_> {
     {
         let gate = self.gate.clone();
         let synced = self.synced.clone();
-        let errors = controller
-            .metrics
-            .watch_errors
-            .get_or_create(&KindLabels { kind })
-            .clone();
+        let labels = KindLabels { kind };
+        let counters = watch::WatchCounters {
+            errors: controller
+                .metrics
+                .watch_errors
+                .get_or_create(&labels)
+                .clone(),
+            relists: controller
+                .metrics
+                .watch_relists
+                .get_or_create(&labels)
+                .clone(),
+        };
         tokio::spawn(watch::run(
             controller.api::<K>(),
             config,
@@ -251,7 +259,7 @@ impl Watches<'_> {
             move || {
                 let _ = synced.try_send(());
             },
-            errors,
+            counters,
             self.stop.clone(),
         ));
     }

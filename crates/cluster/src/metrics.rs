@@ -33,6 +33,8 @@ pub struct Metrics {
     pub events_published: Counter,
     /// Watch errors (each retried with backoff), by kind.
     pub watch_errors: Family<KindLabels, Counter>,
+    /// Complete re-lists after the first list (after a 410 Gone, ...), by kind.
+    pub watch_relists: Family<KindLabels, Counter>,
 }
 
 /// How a reconcile ended.
@@ -124,6 +126,7 @@ impl Metrics {
             invalid_workload_data: Family::default(),
             events_published: Counter::default(),
             watch_errors: Family::default(),
+            watch_relists: Family::default(),
         };
         // Every bounded label value starts at zero, so a rate() or an absence check works
         // before the first event.
@@ -172,6 +175,12 @@ impl Metrics {
             "watch_errors",
             "Watch errors, each retried with backoff, by kind",
             metrics.watch_errors.clone(),
+        );
+        registry.register(
+            "watch_relists",
+            "Complete re-lists of a watched kind after its first list (410 Gone, a watch that \
+             could not resume), by kind",
+            metrics.watch_relists.clone(),
         );
         metrics
     }

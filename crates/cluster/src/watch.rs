@@ -80,11 +80,24 @@ fn streaming_list_refused(error: &watcher::Error) -> bool {
     }
 }
 
+/// The counters of one watch.
+#[derive(Clone, Debug, Default)]
+pub struct WatchCounters {
+    /// Errors, each retried with backoff.
+    pub errors: Counter,
+    /// Complete lists after the first (after a 410 Gone, or a watch that could not resume).
+    pub relists: Counter,
+}
+
 /// Runs one watch until `shutdown`, keeping `cache` current and handing every change to
 /// `dispatch` after the cache holds it. `on_synced` runs once, after the first complete list.
 ///
 /// Lists stream when the server allows (`config` gets the streaming-list strategy); when the
 /// server refuses the streaming watch, the watch restarts with paged lists for good.
+///
+/// A re-list updates the cache in place and removes what the list no longer holds only once it
+/// is complete, so a plan never sees an object missing that still exists: a re-list alone never
+/// deletes a slice that should stay. Each complete list after the first counts as a re-list.
 #[allow(clippy::too_many_arguments)] // one watch's whole wiring, passed once
 pub async fn run<K, D>(
     api: Api<K>,
@@ -93,7 +106,7 @@ pub async fn run<K, D>(
     interner: Arc<Interner>,
     mut dispatch: D,
     on_synced: impl FnOnce(),
-    errors: Counter,
+    counters: WatchCounters,
     shutdown: CancellationToken,
 ) where
     K: Project,
@@ -122,7 +135,7 @@ pub async fn run<K, D>(
                 None => return,
                 Some(Ok(event)) => event,
                 Some(Err(error)) => {
-                    errors.inc();
+                    counters.errors.inc();
                     if streaming && !listed_once && streaming_list_refused(&error) {
                         tracing::info!(%kind, %error, "streaming list refused; using paged lists");
                         streaming = false;
@@ -156,9 +169,15 @@ pub async fn run<K, D>(
                         dispatch(change);
                     }
                     tracing::debug!(%kind, objects = count, streaming, "list complete");
-                    if let Some(on_synced) = on_synced.take() {
-                        tracing::info!(%kind, objects = count, streaming, "cache synced");
-                        on_synced();
+                    match on_synced.take() {
+                        Some(on_synced) => {
+                            tracing::info!(%kind, objects = count, streaming, "cache synced");
+                            on_synced();
+                        }
+                        None => {
+                            counters.relists.inc();
+                            tracing::info!(%kind, objects = count, streaming, "re-listed");
+                        }
                     }
                 }
             }

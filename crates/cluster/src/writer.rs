@@ -194,7 +194,12 @@ pub async fn write_plan<W: SliceApi>(
                 tracker.lock().record_write(key, &stored);
                 metrics.count_write(operation);
                 *count += 1;
-                tracing::debug!(slice = %slice_name(&stored), ?operation, "wrote slice");
+                tracing::debug!(
+                    slice = %slice_name(&stored),
+                    version = stored.metadata.resource_version.as_deref(),
+                    ?operation,
+                    "wrote slice"
+                );
             }
             Err(error) => {
                 metrics.count_write_error(operation);

@@ -82,9 +82,28 @@ pub struct Options {
     /// EndpointSlice controller, service-account tokens). Default: the
     /// `TESTBED_CONTROLLER_MANAGER` variable (`1`/`true`), else off.
     pub controller_manager: bool,
+    /// Flags appended to every kube-apiserver's defaults (e.g. `--watch-cache=false`).
+    pub apiserver_args: Vec<String>,
+}
+
+/// A server of the control plane, for the tests that stop and restart it
+/// ([`Testbed::kill`], [`Testbed::stop`], [`Testbed::restart`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// The one etcd.
+    Etcd,
+    /// A kube-apiserver: 0 is the one started with the testbed, the others come from
+    /// [`Testbed::add_apiserver`] in order.
+    ApiServer(usize),
 }
 
 /// A running etcd + kube-apiserver. Dropping it stops both and removes its folder.
+///
+/// The servers can be killed, stopped and restarted on the same ports and data folder
+/// ([`Testbed::kill`], [`Testbed::restart`]), and more API servers added on the same etcd
+/// ([`Testbed::add_apiserver`]); the tests that do so start a control plane of their own
+/// ([`Testbed::start`]) so that no other test shares the outage. These calls are not meant to
+/// run concurrently on one server.
 #[derive(Debug)]
 pub struct Testbed {
     dir: PathBuf,
@@ -93,9 +112,14 @@ pub struct Testbed {
     server: String,
     etcd_url: String,
     binaries: Binaries,
-    logs: Vec<(&'static str, PathBuf)>,
-    /// In start order (etcd, kube-apiserver, kube-controller-manager); stopped in reverse order, janitor last.
-    servers: Vec<Supervised>,
+    pki: certs::Pki,
+    apiserver_args: Vec<String>,
+    /// The API servers' ports, by [`Server::ApiServer`] index.
+    apiserver_ports: parking_lot::Mutex<Vec<u16>>,
+    logs: parking_lot::Mutex<Vec<(String, PathBuf)>>,
+    /// In start order (etcd, kube-apiserver, kube-controller-manager, added API servers);
+    /// stopped in reverse order, janitor last. A server being restarted is briefly out of it.
+    servers: parking_lot::Mutex<Vec<Supervised>>,
     janitor: Option<Supervised>,
 }
 
@@ -153,6 +177,7 @@ impl Default for Options {
             crd_dirs: vec![default_crd_dir()],
             start_timeout,
             controller_manager,
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -228,47 +253,43 @@ impl Testbed {
             .keep();
         // From here on `testbed` owns everything: an early return drops it, which stops
         // whatever has started and removes the folder.
+        let janitor = Some(Supervised::janitor(&dir)?);
+        let pki = certs::write_pki(&dir)?;
         let mut testbed = Testbed {
-            janitor: Some(Supervised::janitor(&dir)?),
+            janitor,
             kubeconfig: dir.join("kubeconfig"),
             dir,
             config: Config::new(http::Uri::from_static("https://127.0.0.1")),
             server: String::new(),
             etcd_url: String::new(),
             binaries,
-            logs: Vec::new(),
-            servers: Vec::new(),
+            pki,
+            apiserver_args: options.apiserver_args.clone(),
+            apiserver_ports: parking_lot::Mutex::default(),
+            logs: parking_lot::Mutex::default(),
+            servers: parking_lot::Mutex::default(),
         };
-        let pki = certs::write_pki(&testbed.dir)?;
 
         let (etcd, etcd_url) =
             servers::start_etcd(&testbed.binaries.etcd, &testbed.dir, deadline).await?;
-        testbed.logs.push(("etcd", etcd.log().to_path_buf()));
-        testbed.servers.push(etcd);
+        testbed.add_server(etcd);
         testbed.etcd_url = etcd_url;
 
-        let (apiserver, port) = servers::start_apiserver(
-            &testbed.binaries.kube_apiserver,
-            &testbed.dir,
-            &pki,
-            &testbed.etcd_url,
-            deadline,
-        )
-        .await?;
-        testbed
-            .logs
-            .push(("kube-apiserver", apiserver.log().to_path_buf()));
-        testbed.servers.push(apiserver);
+        let (apiserver, port) =
+            servers::start_apiserver(&testbed.apiserver_spec("kube-apiserver", None), deadline)
+                .await?;
+        testbed.add_server(apiserver);
+        testbed.apiserver_ports.lock().push(port);
         testbed.server = format!("https://127.0.0.1:{port}");
 
-        write_kubeconfig(&testbed.kubeconfig, &testbed.server, &pki)?;
+        write_kubeconfig(&testbed.kubeconfig, &testbed.server, &testbed.pki)?;
         let kubeconfig = Kubeconfig::read_from(&testbed.kubeconfig)?;
         testbed.config =
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         let client = testbed.client().await?;
-        if let Some(apiserver) = testbed.servers.last_mut() {
-            servers::wait_apiserver_ready(apiserver, &client, deadline).await?;
-        }
+        testbed
+            .wait_ready(Server::ApiServer(0), &client, deadline)
+            .await?;
         crds::install(&client, &crds, deadline).await?;
 
         if let Some(binary) = controller_manager {
@@ -276,15 +297,12 @@ impl Testbed {
                 &binary,
                 &testbed.dir,
                 &testbed.kubeconfig,
-                &pki,
+                &testbed.pki,
                 &client,
                 deadline,
             )
             .await?;
-            testbed
-                .logs
-                .push(("kube-controller-manager", manager.log().to_path_buf()));
-            testbed.servers.push(manager);
+            testbed.add_server(manager);
         }
 
         let _ = writeln!(
@@ -328,8 +346,9 @@ impl Testbed {
     /// Whether kube-controller-manager runs (see [`Options::controller_manager`]).
     pub fn has_controller_manager(&self) -> bool {
         self.logs
+            .lock()
             .iter()
-            .any(|(server, _)| *server == "kube-controller-manager")
+            .any(|(server, _)| server == "kube-controller-manager")
     }
 
     /// The binaries this control plane runs, and kubectl if one was found.
@@ -361,6 +380,7 @@ impl Testbed {
     /// The last `lines` lines of each server's log, with headers.
     pub fn log_tail(&self, lines: usize) -> String {
         self.logs
+            .lock()
             .iter()
             .map(|(server, path)| {
                 format!(
@@ -376,11 +396,203 @@ impl Testbed {
     pub fn log_guard(&self) -> LogGuard<'_> {
         LogGuard { testbed: self }
     }
+
+    /// The URL of API server `index` (0: [`Testbed::server_url`]; then the added ones).
+    pub fn apiserver_url(&self, index: usize) -> Option<String> {
+        let port = *self.apiserver_ports.lock().get(index)?;
+        Some(format!("https://127.0.0.1:{port}"))
+    }
+
+    /// Starts one more kube-apiserver on the same etcd, certificates and service-account keys
+    /// (an HA control plane), waits until it is ready, and returns its [`Server::ApiServer`]
+    /// index. It stops with the testbed.
+    pub async fn add_apiserver(&self) -> Result<usize, TestbedError> {
+        let deadline = Deadline::after(Options::default().start_timeout);
+        let index = self.apiserver_ports.lock().len();
+        let name = server_name(Server::ApiServer(index));
+        let issuer = self.apiserver_ports.lock().first().copied();
+        let (apiserver, port) =
+            servers::start_apiserver(&self.apiserver_spec(&name, issuer), deadline).await?;
+        self.add_server(apiserver);
+        self.apiserver_ports.lock().push(port);
+        let client = self.client_of(index)?;
+        self.wait_ready(Server::ApiServer(index), &client, deadline)
+            .await?;
+        Ok(index)
+    }
+
+    /// SIGKILL to `server` (a crash: no graceful shutdown); returns once it has exited.
+    pub async fn kill(&self, server: Server) -> Result<(), TestbedError> {
+        let mut process = self.take(server)?;
+        let result = process.signal_and_wait("KILL", STOP_WAIT).await;
+        self.put_back(server, process);
+        match result? {
+            true => Ok(()),
+            false => Err(TestbedError::Timeout {
+                what: format!("{} to exit after SIGKILL", server_name(server)),
+                after: STOP_WAIT,
+            }),
+        }
+    }
+
+    /// SIGTERM to `server` (a graceful shutdown); returns once it has exited, after a SIGKILL
+    /// if it took longer than a minute.
+    pub async fn stop(&self, server: Server) -> Result<(), TestbedError> {
+        let mut process = self.take(server)?;
+        let mut result = process.signal_and_wait("TERM", GRACEFUL_STOP_WAIT).await;
+        if matches!(result, Ok(false)) {
+            result = process.signal_and_wait("KILL", STOP_WAIT).await;
+        }
+        self.put_back(server, process);
+        result.map(|_| ())
+    }
+
+    /// Starts a killed or stopped `server` again with the same flags, so on the same port and
+    /// (etcd) the same data folder, and waits until it is ready (an API server: `/readyz` and
+    /// namespace `default`). A server still running is left alone.
+    pub async fn restart(&self, server: Server) -> Result<(), TestbedError> {
+        let deadline = Deadline::after(Options::default().start_timeout);
+        let mut stopped = self.take(server)?;
+        if stopped.exited().is_none() {
+            self.put_back(server, stopped);
+            return Ok(());
+        }
+        let (port, etcd) = match server {
+            Server::Etcd => (port_of(&self.etcd_url), true),
+            Server::ApiServer(index) => (
+                self.apiserver_ports.lock().get(index).copied().unwrap_or(0),
+                false,
+            ),
+        };
+        let started = servers::restart(&stopped, port, etcd, deadline).await;
+        let process = match started {
+            Ok(process) => process,
+            Err(error) => {
+                self.put_back(server, stopped);
+                return Err(error);
+            }
+        };
+        self.put_back(server, process);
+        if let Server::ApiServer(index) = server {
+            let client = self.client_of(index)?;
+            self.wait_ready(server, &client, deadline).await?;
+        }
+        Ok(())
+    }
+
+    /// Compacts etcd up to its current revision and returns that revision: from then on a
+    /// watch that resumes from an older resourceVersion is answered 410 Gone (when it reaches
+    /// etcd: an API server started with `--watch-cache=false` passes every watch through).
+    pub async fn compact_etcd(&self) -> Result<i64, TestbedError> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port_of(&self.etcd_url)));
+        servers::compact_etcd(addr).await
+    }
+
+    /// A client of API server `index` only.
+    fn client_of(&self, index: usize) -> Result<Client, TestbedError> {
+        let mut config = self.config.clone();
+        let url = self.apiserver_url(index).unwrap_or_default();
+        config.cluster_url = url.parse().map_err(|error| TestbedError::Io {
+            context: format!("parsing {url}"),
+            source: std::io::Error::other(format!("{error}")),
+        })?;
+        Client::try_from(config).map_err(TestbedError::kube("building a client"))
+    }
+
+    fn apiserver_spec<'a>(
+        &'a self,
+        name: &'a str,
+        issuer_port: Option<u16>,
+    ) -> servers::ApiServerSpec<'a> {
+        servers::ApiServerSpec {
+            binary: &self.binaries.kube_apiserver,
+            dir: &self.dir,
+            pki: &self.pki,
+            etcd_url: &self.etcd_url,
+            name,
+            issuer_port,
+            extra_args: &self.apiserver_args,
+        }
+    }
+
+    fn add_server(&self, server: Supervised) {
+        self.logs
+            .lock()
+            .push((server.name().to_string(), server.log().to_path_buf()));
+        self.servers.lock().push(server);
+    }
+
+    /// Waits until API server `server` is ready, failing early if it exits.
+    async fn wait_ready(
+        &self,
+        server: Server,
+        client: &Client,
+        deadline: Deadline,
+    ) -> Result<(), TestbedError> {
+        let mut process = self.take(server)?;
+        let result = servers::wait_apiserver_ready(&mut process, client, deadline).await;
+        self.put_back(server, process);
+        result
+    }
+
+    /// Takes `server` out of the list (put it back with [`Testbed::put_back`]).
+    fn take(&self, server: Server) -> Result<Supervised, TestbedError> {
+        let name = server_name(server);
+        let mut servers = self.servers.lock();
+        let index = servers
+            .iter()
+            .position(|process| process.name() == name)
+            .ok_or_else(|| TestbedError::Io {
+                context: format!("finding {name}"),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such server"),
+            })?;
+        Ok(servers.remove(index))
+    }
+
+    /// Puts a server back where it stands in the start order.
+    fn put_back(&self, server: Server, process: Supervised) {
+        let mut servers = self.servers.lock();
+        let rank = |name: &str| {
+            ["etcd", "kube-apiserver", "kube-controller-manager"]
+                .iter()
+                .position(|known| *known == name)
+                .unwrap_or(usize::MAX)
+        };
+        let own = rank(&server_name(server));
+        let index = servers
+            .iter()
+            .position(|other| rank(other.name()) > own)
+            .unwrap_or(servers.len());
+        servers.insert(index, process);
+    }
+}
+
+/// How long a server may take to exit after SIGKILL.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a graceful stop may take before it becomes a SIGKILL.
+const GRACEFUL_STOP_WAIT: Duration = Duration::from_secs(60);
+
+/// The supervised process name of `server`.
+fn server_name(server: Server) -> String {
+    match server {
+        Server::Etcd => "etcd".to_string(),
+        Server::ApiServer(0) => "kube-apiserver".to_string(),
+        Server::ApiServer(index) => format!("kube-apiserver-{index}"),
+    }
+}
+
+/// The port of `http(s)://127.0.0.1:<port>`.
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .unwrap_or(0)
 }
 
 impl Drop for Testbed {
     fn drop(&mut self) {
-        while let Some(mut server) = self.servers.pop() {
+        while let Some(mut server) = self.servers.get_mut().pop() {
             server.stop();
         }
         if let Some(mut janitor) = self.janitor.take() {

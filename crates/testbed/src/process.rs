@@ -27,11 +27,14 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use crate::TestbedError;
 
 /// Supervisor: runs "$@" in the background and stops it when stdin reaches end-of-file;
-/// exits with the server's status when the server exits on its own.
+/// exits with the server's status when the server exits on its own. The server's process id
+/// goes to `$SUPERVISED_PID_FILE`, so a test can signal the server itself (a crash is a
+/// SIGKILL to the server, not to the supervisor).
 const SUPERVISOR: &str = r#"
 exec 3<&0
 "$@" </dev/null 3<&- &
 server=$!
+if [ -n "$SUPERVISED_PID_FILE" ]; then echo "$server" >"$SUPERVISED_PID_FILE"; fi
 (
   while read -r _ <&3; do :; done
   kill -TERM "$server" 2>/dev/null
@@ -62,10 +65,13 @@ done
 /// A process running under a lifeline supervisor.
 #[derive(Debug)]
 pub(crate) struct Supervised {
-    name: &'static str,
+    name: String,
     child: Child,
     lifeline: Option<ChildStdin>,
     log: PathBuf,
+    /// What was started, for [`Supervised::respawn`] (empty for the janitor).
+    program: PathBuf,
+    args: Vec<String>,
 }
 
 // === impl Supervised ===
@@ -74,15 +80,38 @@ impl Supervised {
     /// Starts `program args` under a supervisor, output written to `log` (truncated first, so
     /// that a retried start-up reads only its own messages).
     pub(crate) fn spawn(
-        name: &'static str,
+        name: &str,
         program: &Path,
         args: &[String],
         log: PathBuf,
     ) -> Result<Self, TestbedError> {
+        Self::spawn_logging(name, program, args, log, false)
+    }
+
+    /// Starts the same program with the same arguments again, its output appended to the same
+    /// log (a restart keeps what the stopped server wrote).
+    pub(crate) fn respawn(&self) -> Result<Self, TestbedError> {
+        Self::spawn_logging(
+            &self.name,
+            &self.program,
+            &self.args,
+            self.log.clone(),
+            true,
+        )
+    }
+
+    fn spawn_logging(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+        append: bool,
+    ) -> Result<Self, TestbedError> {
         let out = File::options()
             .create(true)
             .write(true)
-            .truncate(true)
+            .append(append)
+            .truncate(!append)
             .open(&log)
             .map_err(TestbedError::io(format!("opening {}", log.display())))?;
         let err = out
@@ -94,8 +123,13 @@ impl Supervised {
             .arg(SUPERVISOR)
             .arg(format!("supervise-{name}"))
             .arg(program)
-            .args(args);
-        Self::start(name, command, Stdio::from(out), Stdio::from(err), log)
+            .args(args)
+            .env("SUPERVISED_PID_FILE", pid_file(&log));
+        let _ = std::fs::remove_file(pid_file(&log));
+        let mut supervised = Self::start(name, command, Stdio::from(out), Stdio::from(err), log)?;
+        supervised.program = program.to_path_buf();
+        supervised.args = args.to_vec();
+        Ok(supervised)
     }
 
     /// Starts the janitor that removes `dir` once this process is gone or the janitor is
@@ -117,7 +151,7 @@ impl Supervised {
     }
 
     fn start(
-        name: &'static str,
+        name: &str,
         mut command: Command,
         out: Stdio,
         err: Stdio,
@@ -131,11 +165,69 @@ impl Supervised {
             .map_err(TestbedError::io(format!("starting {name}")))?;
         let lifeline = child.stdin.take();
         Ok(Self {
-            name,
+            name: name.to_string(),
             child,
             lifeline,
             log,
+            program: PathBuf::new(),
+            args: Vec::new(),
         })
+    }
+
+    /// The server's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sends `signal` (`KILL`, `TERM`, ...) to the server itself and waits up to `timeout` for
+    /// it to exit; `false` when it is still running then (the caller may escalate).
+    pub(crate) async fn signal_and_wait(
+        &mut self,
+        signal: &str,
+        timeout: std::time::Duration,
+    ) -> Result<bool, TestbedError> {
+        if self.exited().is_some() {
+            return Ok(true);
+        }
+        let pid = self.server_pid().ok_or_else(|| TestbedError::Io {
+            context: format!("reading the process id of {}", self.name),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no pid file"),
+        })?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .map_err(TestbedError::io(format!("signalling {}", self.name)))?;
+        if !status.success() && self.exited().is_none() {
+            return Err(TestbedError::Io {
+                context: format!("kill -{signal} {pid} ({})", self.name),
+                source: std::io::Error::other(status.to_string()),
+            });
+        }
+        let deadline = crate::wait::Deadline::after(timeout);
+        while !deadline.passed() {
+            if self.exited().is_some() {
+                return Ok(true);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(self.exited().is_some())
+    }
+
+    /// The server's process id, as the supervisor wrote it.
+    fn server_pid(&self) -> Option<u32> {
+        // The supervisor writes the file right after starting the server; a server signalled
+        // at once may need a moment.
+        for _ in 0..100 {
+            if let Some(pid) = std::fs::read_to_string(pid_file(&self.log))
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+            {
+                return Some(pid);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
     }
 
     /// The server's log file.
@@ -173,6 +265,13 @@ impl Drop for Supervised {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Where the supervisor of the server logging to `log` writes the server's process id.
+fn pid_file(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".pid");
+    PathBuf::from(name)
 }
 
 /// A port on 127.0.0.1 that was free a moment ago. Another process may take it before the

@@ -81,29 +81,41 @@ pub(crate) async fn start_etcd(
     }
 }
 
+/// What distinguishes one kube-apiserver from another on the same etcd.
+pub(crate) struct ApiServerSpec<'a> {
+    pub binary: &'a Path,
+    pub dir: &'a Path,
+    pub pki: &'a Pki,
+    pub etcd_url: &'a str,
+    /// Server name and log file stem (`kube-apiserver`, `kube-apiserver-1`, ...).
+    pub name: &'a str,
+    /// The port whose URL is the service-account issuer: every API server of one control
+    /// plane names the same issuer (the first one's), as in an HA control plane.
+    pub issuer_port: Option<u16>,
+    /// Flags appended to the defaults.
+    pub extra_args: &'a [String],
+}
+
 /// Starts kube-apiserver against `etcd_url`; returns it with its port once it listens
 /// (readiness is awaited by the caller, through a client that uses the kubeconfig).
 pub(crate) async fn start_apiserver(
-    binary: &Path,
-    dir: &Path,
-    pki: &Pki,
-    etcd_url: &str,
+    spec: &ApiServerSpec<'_>,
     deadline: Deadline,
 ) -> Result<(Supervised, u16), TestbedError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let port = free_port()?;
-        let args = apiserver_args(dir, pki, etcd_url, port);
+        let issuer = spec.issuer_port.unwrap_or(port);
+        let mut args = apiserver_args(spec.dir, spec.pki, spec.etcd_url, port, issuer);
+        args.extend(spec.extra_args.iter().cloned());
         let mut apiserver = Supervised::spawn(
-            "kube-apiserver",
-            binary,
+            spec.name,
+            spec.binary,
             &args,
-            dir.join("kube-apiserver.log"),
+            spec.dir.join(format!("{}.log", spec.name)),
         )?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let listening = || async move { tokio::net::TcpStream::connect(addr).await.is_ok() };
-        match wait_ready(&mut apiserver, deadline, listening).await {
+        match wait_listening(&mut apiserver, port, deadline).await {
             Readiness::Ready => return Ok((apiserver, port)),
             Readiness::Exited(_) if attempt < PORT_ATTEMPTS && lost_port_race(apiserver.log()) => {
                 continue;
@@ -118,6 +130,92 @@ pub(crate) async fn start_apiserver(
             }
         }
     }
+}
+
+/// Starts a stopped server again with the same flags (so the same ports and data folder) and
+/// waits until it listens on `port` (kube-apiserver) or `/health` is true (etcd at `port`).
+pub(crate) async fn restart(
+    stopped: &Supervised,
+    port: u16,
+    etcd: bool,
+    deadline: Deadline,
+) -> Result<Supervised, TestbedError> {
+    let mut server = stopped.respawn()?;
+    let readiness = if etcd {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_ready(&mut server, deadline, || etcd_healthy(addr)).await
+    } else {
+        wait_listening(&mut server, port, deadline).await
+    };
+    match readiness {
+        Readiness::Ready => Ok(server),
+        Readiness::Exited(status) => Err(startup_error(
+            "a restarted server",
+            &server,
+            format!("{} exited ({status})", server.name()),
+        )),
+        Readiness::TimedOut => Err(startup_error(
+            "a restarted server",
+            &server,
+            format!("{} not ready in time", server.name()),
+        )),
+    }
+}
+
+async fn wait_listening(server: &mut Supervised, port: u16, deadline: Deadline) -> Readiness {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let listening = || async move { tokio::net::TcpStream::connect(addr).await.is_ok() };
+    wait_ready(server, deadline, listening).await
+}
+
+/// Compacts etcd's history up to its current revision (physically, so it is done when this
+/// returns) through etcd's JSON gateway; returns that revision. Watches that resume from an
+/// older revision then get "compacted", which kube-apiserver answers with 410 Gone.
+pub(crate) async fn compact_etcd(addr: SocketAddr) -> Result<i64, TestbedError> {
+    let failed = |detail: String| TestbedError::Io {
+        context: "compacting etcd".into(),
+        source: std::io::Error::other(detail),
+    };
+    // Any key: the answer's header carries the store's current revision.
+    let range = etcd_post(addr, "/v3/kv/range", r#"{"key":"AA=="}"#)
+        .await
+        .map_err(TestbedError::io("reading etcd's revision"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&range).map_err(|error| failed(format!("{error} in {range}")))?;
+    let revision: i64 = value["header"]["revision"]
+        .as_str()
+        .and_then(|revision| revision.parse().ok())
+        .ok_or_else(|| failed(format!("no revision in {range}")))?;
+    let body = format!(r#"{{"revision":"{revision}","physical":true}}"#);
+    let compacted = etcd_post(addr, "/v3/kv/compaction", &body)
+        .await
+        .map_err(TestbedError::io("compacting etcd"))?;
+    if compacted.contains("\"error\"") || compacted.contains("\"code\"") {
+        return Err(failed(compacted));
+    }
+    Ok(revision)
+}
+
+/// `POST path` with a JSON body over plain HTTP/1.0; returns the response body.
+async fn etcd_post(addr: SocketAddr, path: &str, body: &str) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if !head
+        .lines()
+        .next()
+        .is_some_and(|status| status.contains(" 200 "))
+    {
+        return Err(std::io::Error::other(response.clone()));
+    }
+    Ok(body.to_string())
 }
 
 /// Waits until `/readyz` answers and namespace `default` exists, failing early if the
@@ -192,7 +290,13 @@ pub(crate) async fn start_controller_manager(
     }
 }
 
-fn apiserver_args(dir: &Path, pki: &Pki, etcd_url: &str, port: u16) -> Vec<String> {
+fn apiserver_args(
+    dir: &Path,
+    pki: &Pki,
+    etcd_url: &str,
+    port: u16,
+    issuer_port: u16,
+) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
     vec![
         format!("--etcd-servers={etcd_url}"),
@@ -207,7 +311,7 @@ fn apiserver_args(dir: &Path, pki: &Pki, etcd_url: &str, port: u16) -> Vec<Strin
         format!("--client-ca-file={}", path(&pki.ca_cert)),
         "--authorization-mode=RBAC".into(),
         format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
-        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!("--service-account-issuer=https://127.0.0.1:{issuer_port}/"),
         format!("--service-account-key-file={}", path(&pki.sa_public)),
         format!(
             "--service-account-signing-key-file={}",

@@ -24,7 +24,7 @@ use crate::{
 
 /// SIGTERM to the leader mid-stream: it drains, releases the Lease (holder cleared in the
 /// record), exits 0; a follower leads at once and converges.
-pub async fn hand_over(world: &mut World, members: &mut Vec<Member>) {
+pub async fn hand_over(world: &mut World<'_>, members: &mut Vec<Member>) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let history = LeaseHistory::start(&world.cluster).await;
@@ -75,11 +75,12 @@ pub async fn hand_over(world: &mut World, members: &mut Vec<Member>) {
     })
     .await;
     world.settle(churn).await;
+    world.retire(old);
 }
 
 /// SIGKILL to the leader mid-stream: a follower leads once the lease runs out, not before, and
 /// converges.
-pub async fn crash(world: &mut World, members: &mut Vec<Member>) {
+pub async fn crash(world: &mut World<'_>, members: &mut Vec<Member>) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let mut churn = world.churn(CHANGES);
@@ -111,12 +112,13 @@ pub async fn crash(world: &mut World, members: &mut Vec<Member>) {
         "fail-over took {took:?}"
     );
     world.settle(churn).await;
+    world.retire(old);
 }
 
 /// Another holder takes the Lease mid-stream: the old leader steps down and, while the intruder
 /// holds the Lease and the client keeps changing objects, no slice is written at all; after the
 /// release a replica leads and converges.
-pub async fn deposition(world: &mut World, members: &mut [Member]) {
+pub async fn deposition(world: &mut World<'_>, members: &mut [Member]) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let old = &members[index].replica;
@@ -209,7 +211,7 @@ async fn tamper_with_slices(cluster: &Cluster) {
 
 /// The Lease is deleted by hand mid-stream: the leader stops at once (a definite loss), a
 /// replica re-creates the Lease and leads in a new term, and the slices converge.
-pub async fn lease_deleted(world: &mut World, members: &mut [Member]) {
+pub async fn lease_deleted(world: &mut World<'_>, members: &mut [Member]) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let old = &members[index].replica;

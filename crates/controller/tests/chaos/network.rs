@@ -25,7 +25,7 @@ use crate::{
 /// The leader's network is cut (or blackholed) mid-stream: it stops leading within
 /// RenewDeadline, before any follower may take over; a follower leads and converges; after the
 /// network is back the old leader stays a follower and writes nothing.
-pub async fn outage(world: &mut World, members: &mut [Member], mode: Mode) {
+pub async fn outage(world: &mut World<'_>, members: &mut [Member], mode: Mode) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let mut churn = world.churn(CHANGES);
@@ -105,7 +105,7 @@ pub async fn outage(world: &mut World, members: &mut [Member], mode: Mode) {
 /// An outage shorter than RenewDeadline causes no step-down: same term, no new step-down, no
 /// acquisition anywhere. It strikes right after a renewal, so it covers the next attempt (which
 /// fails, or hangs until the restore) and ends well before the one after.
-pub async fn flap(world: &mut World, members: &mut [Member], mode: Mode) {
+pub async fn flap(world: &mut World<'_>, members: &mut [Member], mode: Mode) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let leader = &members[index];
@@ -173,7 +173,7 @@ pub async fn flap(world: &mut World, members: &mut [Member], mode: Mode) {
 
 /// SIGTERM to a leader that is cut off: it cannot drain or release, yet exits 0 within the drain
 /// deadline (plus one bounded release attempt); a follower leads once the lease runs out.
-pub async fn terminate_cut_off(world: &mut World, members: &mut Vec<Member>, mode: Mode) {
+pub async fn terminate_cut_off(world: &mut World<'_>, members: &mut Vec<Member>, mode: Mode) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let mut churn = world.churn(CHANGES);
@@ -203,6 +203,7 @@ pub async fn terminate_cut_off(world: &mut World, members: &mut Vec<Member>, mod
         led - cut
     );
     world.settle(churn).await;
+    world.retire(old);
 }
 
 /// Every replica's connections are reset again and again mid-stream (as by a load balancer or
@@ -213,7 +214,7 @@ pub async fn terminate_cut_off(world: &mut World, members: &mut Vec<Member>, mod
 /// A reset kills the requests in flight, renewals included; two in a row end the term with these
 /// timings (RenewDeadline = 3 × RetryPeriod), which the design allows, so a step-down is
 /// reported, not failed.
-pub async fn connection_resets(world: &mut World, members: &mut Vec<Member>) {
+pub async fn connection_resets(world: &mut World<'_>, members: &mut Vec<Member>) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
     let leader = &members[index].replica;
@@ -251,4 +252,5 @@ pub async fn connection_resets(world: &mut World, members: &mut Vec<Member>) {
     wait_any_leading(&world.cluster, &replicas).await;
     let model = world.model.clone();
     model.wait_reflected(&world.cluster, None).await;
+    world.retire(old);
 }

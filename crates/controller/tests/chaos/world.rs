@@ -1,5 +1,6 @@
 //! The chaos tests' world: one namespace with the client's model, the replicas (some behind
 //! their own proxy), and the timings the faults are judged by.
+#![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::time::Duration;
 
@@ -35,25 +36,33 @@ pub const RESET_EVERY: Duration = Duration::from_millis(250);
 pub const FLAP: Duration = Duration::from_millis(1200);
 
 /// One test's namespace, client model and randomness.
-pub struct World {
-    pub testbed: &'static testbed::Testbed,
+pub struct World<'a> {
+    pub testbed: &'a testbed::Testbed,
     pub cluster: Cluster,
     pub model: Model,
     pub rng: Rng,
     pub replicas: usize,
+    /// Replicas that exited or were killed, kept for their logs (the write audit reads them).
+    pub retired: Vec<Member>,
+    /// Which API server new replicas talk to ([`testbed::Server::ApiServer`] index).
+    pub apiserver: usize,
+    /// Client changes started so far (every one is checked when its client settles).
+    pub changes: usize,
 }
 
 /// A replica, and its proxy when its API traffic can be cut.
 pub struct Member {
     pub replica: Replica,
     pub proxy: Option<Proxy>,
+    /// The API server it talks to ([`testbed::Server::ApiServer`] index).
+    pub apiserver: usize,
 }
 
 // === impl World ===
 
-impl World {
+impl<'a> World<'a> {
     /// A fresh namespace holding the client's initial objects.
-    pub async fn new(testbed: &'static testbed::Testbed, test: &str) -> World {
+    pub async fn new(testbed: &'a testbed::Testbed, test: &str) -> World<'a> {
         let cluster = Cluster::new(testbed, test).await;
         let model = Model::new();
         model.create(&cluster).await;
@@ -63,6 +72,9 @@ impl World {
             model,
             rng: Rng::seeded(test),
             replicas: 0,
+            retired: Vec::new(),
+            apiserver: 0,
+            changes: 0,
         }
     }
 
@@ -86,18 +98,21 @@ impl World {
         let identity = format!("r{}", self.replicas);
         self.replicas += 1;
         let namespace = &self.cluster.namespace;
-        if proxied {
+        if proxied || self.apiserver != 0 {
+            let upstream = self.testbed.apiserver_url(self.apiserver).unwrap();
             let (replica, proxy) =
-                Replica::start_proxied(self.testbed, namespace, &identity, &[]).await;
+                Replica::start_proxied_to(self.testbed, &upstream, namespace, &identity, &[]).await;
             Member {
                 replica,
                 proxy: Some(proxy),
+                apiserver: self.apiserver,
             }
         } else {
             let replica = Replica::start(self.testbed, namespace, &identity, &[]).await;
             Member {
                 replica,
                 proxy: None,
+                apiserver: 0,
             }
         }
     }
@@ -105,7 +120,20 @@ impl World {
     /// Starts the client on a copy of the model.
     pub fn churn(&mut self, changes: usize) -> Churn {
         let rng = self.rng.fork();
+        self.changes += changes;
         Churn::start(&self.cluster, self.model.clone(), rng, changes, PAUSE)
+    }
+
+    /// Starts a client that retries each change while the API is unavailable.
+    pub fn churn_retrying(&mut self, changes: usize) -> Churn {
+        let rng = self.rng.fork();
+        self.changes += changes;
+        Churn::start_retrying(&self.cluster, self.model.clone(), rng, changes, PAUSE)
+    }
+
+    /// Keeps a replica that left (its log stays readable).
+    pub fn retire(&mut self, member: Member) {
+        self.retired.push(member);
     }
 
     /// Waits for the client's last change, then for the slices to converge and match it.
@@ -120,6 +148,7 @@ impl World {
     /// Makes a change certain to change a slice, and checks that it is not applied yet.
     pub async fn unapplied_change(&mut self) {
         let change = self.model.visible_change();
+        self.changes += 1;
         self.model.apply(&self.cluster, &change).await;
         assert!(
             self.model

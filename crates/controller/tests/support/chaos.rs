@@ -7,6 +7,7 @@
 //!  LeaseHistory ◄── watch of the Lease         slices ──► Model::check / SliceVersions
 //! ```
 
+pub mod audit;
 pub mod churn;
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
@@ -35,11 +36,16 @@ pub struct LeaseHistory {
 /// One write of the Lease.
 #[derive(Clone, Debug)]
 pub struct LeaseRecord {
-    /// The holder (None when released).
+    /// The holder (None when released; [`DELETED`] when the Lease was deleted).
     pub holder: Option<String>,
     /// When the test saw it.
     pub seen: Instant,
+    /// Its resourceVersion (etcd's revision: comparable with any other object's).
+    pub version: u64,
 }
+
+/// The holder recorded when the Lease is deleted.
+pub const DELETED: &str = "<deleted>";
 
 /// Name → resourceVersion of the managed slices: any write changes it.
 pub type SliceVersions = BTreeMap<String, String>;
@@ -60,27 +66,45 @@ impl LeaseHistory {
         let current = list.items.first().map(|lease| LeaseRecord {
             holder: holder(lease),
             seen: Instant::now(),
+            version: version_of(lease),
         });
         let (sender, records) = watch::channel(Vec::from_iter(current));
         let task = tokio::spawn(async move {
             loop {
                 let params = WatchParams::default().fields(&by_name);
-                let Ok(stream) = leases.watch(&params, &version).await else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+                let stream = match leases.watch(&params, &version).await {
+                    Ok(stream) => stream,
+                    Err(kube::Error::Api(status)) if status.code == 410 => {
+                        // The history was compacted (or the API server restarted): carry on
+                        // from the record as it is now; writes in between are not seen.
+                        version = relist(&leases, &by_name, &sender).await;
+                        continue;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
                 };
                 let mut stream = stream.boxed();
                 while let Ok(Some(event)) = stream.try_next().await {
-                    let lease = match event {
-                        WatchEvent::Added(lease) | WatchEvent::Modified(lease) => lease,
-                        WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) | WatchEvent::Error(_) => {
-                            continue;
+                    let (lease, deleted) = match event {
+                        WatchEvent::Added(lease) | WatchEvent::Modified(lease) => (lease, false),
+                        WatchEvent::Deleted(lease) => (lease, true),
+                        WatchEvent::Error(status) if status.code == 410 => {
+                            version = relist(&leases, &by_name, &sender).await;
+                            break;
                         }
+                        WatchEvent::Bookmark(_) | WatchEvent::Error(_) => continue,
                     };
                     version = lease.metadata.resource_version.clone().unwrap_or_default();
                     let record = LeaseRecord {
-                        holder: holder(&lease),
+                        holder: if deleted {
+                            Some(DELETED.to_string())
+                        } else {
+                            holder(&lease)
+                        },
                         seen: Instant::now(),
+                        version: version_of(&lease),
                     };
                     sender.send_modify(|records| records.push(record));
                 }
@@ -110,6 +134,54 @@ impl Drop for LeaseHistory {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Lists the Lease again after a 410 Gone, records it if it changed, and returns the list's
+/// resourceVersion to watch from.
+async fn relist(
+    leases: &kube::Api<Lease>,
+    by_name: &str,
+    sender: &watch::Sender<Vec<LeaseRecord>>,
+) -> String {
+    loop {
+        match leases.list(&ListParams::default().fields(by_name)).await {
+            Ok(list) => {
+                let version = list.metadata.resource_version.unwrap_or_default();
+                let record = match list.items.first() {
+                    Some(lease) => LeaseRecord {
+                        holder: holder(lease),
+                        seen: Instant::now(),
+                        version: version_of(lease),
+                    },
+                    None => LeaseRecord {
+                        holder: Some(DELETED.to_string()),
+                        seen: Instant::now(),
+                        version: version.parse().unwrap_or_default(),
+                    },
+                };
+                sender.send_modify(|records| {
+                    if records
+                        .last()
+                        .is_none_or(|last| last.version != record.version)
+                    {
+                        records.push(record);
+                    }
+                });
+                return version;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// An object's resourceVersion as a number (0 if it has none).
+pub fn version_of(object: &impl kube::Resource) -> u64 {
+    object
+        .meta()
+        .resource_version
+        .as_deref()
+        .and_then(|version| version.parse().ok())
+        .unwrap_or_default()
 }
 
 fn holder(lease: &Lease) -> Option<String> {
@@ -292,11 +364,19 @@ impl Replica {
         identity: &str,
         extra: &[&str],
     ) -> (Replica, Proxy) {
-        let upstream: SocketAddr = testbed
-            .server_url()
-            .trim_start_matches("https://")
-            .parse()
-            .unwrap();
+        Self::start_proxied_to(testbed, testbed.server_url(), namespace, identity, extra).await
+    }
+
+    /// A replica talking to the API server at `server` (one of an HA control plane) through
+    /// its own [`Proxy`].
+    pub async fn start_proxied_to(
+        testbed: &testbed::Testbed,
+        server: &str,
+        namespace: &str,
+        identity: &str,
+        extra: &[&str],
+    ) -> (Replica, Proxy) {
+        let upstream: SocketAddr = server.trim_start_matches("https://").parse().unwrap();
         let proxy = Proxy::start(upstream).await;
         let mut kubeconfig = Kubeconfig::read_from(testbed.kubeconfig_path()).unwrap();
         for cluster in &mut kubeconfig.clusters {

@@ -95,6 +95,11 @@ impl Replica {
         Replica::start_with(testbed.kubeconfig_path(), identity, &args).await
     }
 
+    /// The admin server's address.
+    pub fn admin(&self) -> SocketAddr {
+        self.admin
+    }
+
     /// The replica's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -192,7 +197,8 @@ fn admin_address(log: &Path) -> Result<SocketAddr, String> {
     Err(format!("no admin address yet; log:\n{text}"))
 }
 
-async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+/// `GET path` over plain HTTP/1.1: (status, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -295,9 +301,17 @@ impl Cluster {
 
     /// Replaces a Service's spec and labels with the fixture's.
     pub async fn update_service(&self, service: impl Into<Service>) -> Service {
+        self.try_update_service(service).await.unwrap()
+    }
+
+    /// [`Cluster::update_service`], failing instead of panicking.
+    pub async fn try_update_service(
+        &self,
+        service: impl Into<Service>,
+    ) -> Result<Service, kube::Error> {
         let wanted = service.into();
         let name = wanted.name_any();
-        let mut current = self.services().get(&name).await.unwrap();
+        let mut current = self.services().get(&name).await?;
         current.metadata.labels = wanted.metadata.labels;
         let cluster_ip = current.spec.as_ref().and_then(|s| s.cluster_ip.clone());
         let cluster_ips = current.spec.as_ref().and_then(|s| s.cluster_ips.clone());
@@ -308,42 +322,57 @@ impl Cluster {
         self.services()
             .replace(&name, &PostParams::default(), &current)
             .await
-            .unwrap()
     }
 
     /// Creates or replaces a workload from a fixture, status included.
     pub async fn apply_workload(&self, workload: impl Into<ExternalWorkload>) -> ExternalWorkload {
+        self.try_apply_workload(workload).await.unwrap()
+    }
+
+    /// [`Cluster::apply_workload`], failing instead of panicking (safe to retry).
+    pub async fn try_apply_workload(
+        &self,
+        workload: impl Into<ExternalWorkload>,
+    ) -> Result<ExternalWorkload, kube::Error> {
         let mut workload = workload.into();
         workload.metadata.namespace = Some(self.namespace.clone());
         workload.metadata.uid = None;
         let status = workload.status.clone();
         let name = workload.name_any();
         let api = self.workloads();
-        let mut stored = match api.get_opt(&name).await.unwrap() {
+        let mut stored = match api.get_opt(&name).await? {
             Some(current) => {
                 workload.metadata.resource_version = current.metadata.resource_version;
                 api.replace(&name, &PostParams::default(), &workload)
-                    .await
-                    .unwrap()
+                    .await?
             }
-            None => api.create(&PostParams::default(), &workload).await.unwrap(),
+            None => api.create(&PostParams::default(), &workload).await?,
         };
         if status.is_some() {
             stored.status = status;
             stored = api
                 .replace_status(&name, &PostParams::default(), &stored)
-                .await
-                .unwrap();
+                .await?;
         }
-        stored
+        Ok(stored)
     }
 
     /// Deletes a workload.
     pub async fn delete_workload(&self, name: &str) {
-        self.workloads()
+        self.try_delete_workload(name).await.unwrap()
+    }
+
+    /// Deletes a workload; one already gone counts as deleted (a retry after a lost answer).
+    pub async fn try_delete_workload(&self, name: &str) -> Result<(), kube::Error> {
+        match self
+            .workloads()
             .delete(name, &DeleteParams::default())
             .await
-            .unwrap();
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(error),
+        }
     }
 
     /// The managed slices of the namespace (our managed-by label), sorted by name.

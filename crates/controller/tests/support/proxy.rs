@@ -9,6 +9,8 @@
 //!                    │ Cut:       close every live connection; accept new ones and close them
 //!                    │ Blackhole: stop forwarding, keep every connection open and silent
 //!                    │            (requests hang until the client gives up); closed on restore
+//!                    │ Delay(d):  forward, every byte from the replica held for d first (a
+//!                    │            slow API server: each request takes d longer; in order)
 //!                    │ reset():   close every live connection once, keep forwarding new ones
 //! ```
 
@@ -18,13 +20,18 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use tokio::{
-    io::copy_bidirectional,
-    net::{TcpListener, TcpStream},
-    sync::watch,
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{
+        TcpListener, TcpStream,
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+    },
+    sync::{mpsc, watch},
     task::JoinHandle,
+    time::Instant,
 };
 
 /// What the proxy does with traffic.
@@ -36,6 +43,24 @@ pub enum Mode {
     Cut,
     /// Keep live and new connections open but forward nothing (the client's calls hang).
     Blackhole,
+    /// Forward, holding every byte from the client for this long first (requests are slow,
+    /// answers are not; order is kept).
+    Delay(Duration),
+}
+
+impl Mode {
+    /// Whether traffic flows (possibly late).
+    fn forwards(self) -> bool {
+        matches!(self, Mode::Open | Mode::Delay(_))
+    }
+
+    /// How long a byte from the client is held.
+    fn delay(self) -> Duration {
+        match self {
+            Mode::Delay(delay) => delay,
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// A running proxy; dropping it closes everything.
@@ -135,7 +160,7 @@ async fn accept_loop(
 
 /// One client connection, for as long as the mode allows.
 async fn serve(
-    mut inbound: TcpStream,
+    inbound: TcpStream,
     upstream: SocketAddr,
     (mut mode, mut resets): (watch::Receiver<Mode>, watch::Receiver<u64>),
     forwarded: Arc<AtomicUsize>,
@@ -145,21 +170,103 @@ async fn serve(
     match current {
         Mode::Cut => return,
         Mode::Blackhole => return hold_until_open(mode, inbound, None).await,
-        Mode::Open => {}
+        Mode::Open | Mode::Delay(_) => {}
     }
-    let Ok(mut outbound) = TcpStream::connect(upstream).await else {
+    let Ok(outbound) = TcpStream::connect(upstream).await else {
         return;
     };
     forwarded.fetch_add(1, Ordering::SeqCst);
+    let (client_read, client_write) = inbound.into_split();
+    let (server_read, server_write) = outbound.into_split();
+    let (late, due) = mpsc::unbounded_channel();
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(read_requests(client_read, late, mode.clone()));
+    tasks.spawn(write_requests(due, server_write, mode.clone()));
+    tasks.spawn(copy_answers(server_read, client_write, mode.clone()));
     let outage = tokio::select! {
-        _ = copy_bidirectional(&mut inbound, &mut outbound) => return,
+        _ = tasks.join_next() => return,
         _ = resets.changed() => return,
-        outage = mode.wait_for(|mode| *mode != Mode::Open) => outage.map(|mode| *mode).ok(),
+        outage = mode.wait_for(|mode| !mode.forwards()) => outage.map(|mode| *mode).ok(),
     };
     if outage == Some(Mode::Blackhole) {
-        hold_until_open(mode, inbound, Some(outbound)).await;
+        // Keep both sockets open, forwarding nothing: the halves live in the tasks, which
+        // stop at their next byte (see `parked`) and are held until the restore.
+        let halted = tasks;
+        let _ = mode.wait_for(|mode| *mode != Mode::Blackhole).await;
+        drop(halted);
     }
-    // Dropping both sockets closes the connection.
+    // Dropping the tasks closes both sockets.
+}
+
+/// Reads the client's bytes and queues them with the time they may be forwarded.
+async fn read_requests(
+    mut from: OwnedReadHalf,
+    late: mpsc::UnboundedSender<(Instant, Vec<u8>)>,
+    mode: watch::Receiver<Mode>,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => {
+                let current = *mode.borrow();
+                if parked(current, &mode).await {
+                    return;
+                }
+                let due = Instant::now() + current.delay();
+                if late.send((due, buffer[..read].to_vec())).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Forwards the queued bytes to the server, each once it is due.
+async fn write_requests(
+    mut due: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    mut to: OwnedWriteHalf,
+    mode: watch::Receiver<Mode>,
+) {
+    while let Some((at, bytes)) = due.recv().await {
+        tokio::time::sleep_until(at).await;
+        let current = *mode.borrow();
+        if parked(current, &mode).await || to.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Forwards the server's answers as they come.
+async fn copy_answers(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mode: watch::Receiver<Mode>,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        let current = *mode.borrow();
+        if parked(current, &mode).await || to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// In a blackhole, waits (holding the socket, forwarding nothing) until the outage ends and
+/// returns true: the connection is closed then. False when traffic flows.
+async fn parked(current: Mode, mode: &watch::Receiver<Mode>) -> bool {
+    if current.forwards() {
+        return false;
+    }
+    let mut mode = mode.clone();
+    let _ = mode.wait_for(|mode| mode.forwards()).await;
+    true
 }
 
 /// Keeps the sockets open, forwarding nothing, until the proxy is restored (or dropped).

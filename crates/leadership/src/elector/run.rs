@@ -175,9 +175,16 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
-    /// Runs one attempt, bounded by RetryPeriod and, while leading, by the step-down deadline, so
-    /// that a hanging API call neither delays the step-down nor the next attempt. Returns whether
-    /// the attempt ran to its end.
+    /// Runs one attempt; returns whether it ran to its end. While leading it may take until the
+    /// step-down deadline: a slow API server that answers a renewal within RenewDeadline keeps
+    /// the term, while a hanging request never delays the step-down. A renewal still running
+    /// after RetryPeriod is counted as a renew failure then (a blackholed network shows only as
+    /// slowness). A candidate's attempt may take RenewDeadline: an acquisition slower than
+    /// RetryPeriod still completes.
+    ///
+    /// Cutting every attempt at RetryPeriod instead left a uniformly slow API server (a read and
+    /// a write slower than RetryPeriod together, well within RenewDeadline) without any leader:
+    /// every renewal and every acquisition was abandoned before its answer arrived.
     async fn bounded<'a, F, Fut>(
         &'a mut self,
         stop: &CancellationToken,
@@ -188,28 +195,39 @@ impl<S: LeaseStore> Candidate<S> {
         F: FnOnce(&'a mut Self) -> Fut,
         Fut: Future<Output = ()> + 'a,
     {
-        let mut until = started + self.config.timings().retry_period();
-        if let Some(deadline) = self.step_down_at() {
-            until = until.min(deadline);
-        }
-        // Taken now: `f` holds `self` until the end. A request that hangs past its bound is a
-        // failed renewal too (a blackholed network shows only as timeouts).
+        let slow_at = started + self.config.timings().retry_period();
+        let until = self
+            .step_down_at()
+            .unwrap_or(started + self.config.timings().renew_deadline());
+        // Taken now: `f` holds `self` until the end.
         let term = self.term.as_ref().map(Term::id);
         let metrics = self.metrics.clone();
-        tokio::select! {
-            () = stop.cancelled() => false,
-            result = timeout_at(until, f(self)) => {
-                match (result.is_err(), term) {
-                    (true, Some(term)) => {
-                        ElectorMetrics::count(&metrics.counters.renew_failures);
-                        warn!(term, "renewing the lease timed out");
-                    }
-                    (true, None) => debug!("lease request timed out"),
-                    (false, _) => {}
+        let count_failure = || ElectorMetrics::count(&metrics.counters.renew_failures);
+        let attempt = timeout_at(until, f(self));
+        let mut attempt = pin!(attempt);
+        let mut counted = false;
+        let result = loop {
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = sleep_until(slow_at), if term.is_some() && !counted => {
+                    counted = true;
+                    count_failure();
+                    warn!(term, "renewing the lease takes longer than the retry period");
                 }
-                result.is_ok()
+                result = &mut attempt => break result,
             }
+        };
+        match (result.is_err(), term) {
+            (true, Some(term)) => {
+                if !counted {
+                    count_failure();
+                }
+                warn!(term, "renewing the lease timed out");
+            }
+            (true, None) => debug!("lease request timed out"),
+            (false, _) => {}
         }
+        result.is_ok()
     }
 
     /// Reads the lease, then takes it (free or expired), renews it (ours), or leaves it (held by

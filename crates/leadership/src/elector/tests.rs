@@ -229,6 +229,38 @@ async fn renewals_that_hang_past_their_bound_count_as_renew_failures() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn slow_api_server_within_renew_deadline_does_not_leave_the_cluster_without_a_leader() {
+    // Found by the control-plane chaos tests: with every request slow enough that a read and a
+    // write together outlast RetryPeriod (yet far within RenewDeadline), every renewal and every
+    // acquisition was cut off at RetryPeriod, and nobody led for as long as the API was slow.
+    let store = MemoryLeaseStore::new();
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&b_conn, "b");
+    sleep(RETRY).await;
+    let term = current(&a).expect("leading");
+
+    let latency = RETRY.mul_f64(0.6); // an attempt (read + write) takes 1.2 × RetryPeriod
+    a_conn.latency(latency);
+    b_conn.latency(latency);
+    sleep(LEASE_DURATION * 3).await;
+    assert_eq!(current(&a), Some(term), "the slow leader keeps its term");
+    assert!(current(&b).is_none());
+    assert_eq!(a.metrics().step_downs(), 0);
+    assert!(
+        a.metrics().renew_failures() >= 1,
+        "renewals slower than RetryPeriod are counted"
+    );
+
+    // The other candidate, on the same slow API server, acquires once the lease is free (the
+    // release itself may be too slow to land: then once it expires).
+    let _ = a.release().await;
+    let took_over = wait_leading(&b, true, LEASE_DURATION + RETRY * 3).await;
+    assert!(current(&b).is_some(), "took over at {took_over:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn leader_that_sees_another_holder_through_its_watch_steps_down_at_once() {
     let store = MemoryLeaseStore::new();
     let a = candidate(&store.connect(), "a");

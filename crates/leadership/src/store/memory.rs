@@ -34,6 +34,7 @@ struct Faults {
     fail_next: AtomicUsize,
     hang: AtomicBool,
     unhang: Notify,
+    latency_ms: AtomicU64,
     calls: AtomicU64,
     blind: AtomicBool,
     panic_next: AtomicBool,
@@ -102,6 +103,13 @@ impl MemoryLeaseStore {
         }
     }
 
+    /// Makes every get/create/replace call of this connection take `latency` before it is
+    /// served (a slow API server); zero turns it off.
+    pub fn latency(&self, latency: std::time::Duration) {
+        let millis = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+        self.faults.latency_ms.store(millis, Ordering::SeqCst);
+    }
+
     /// While `true`, new [`changes`](LeaseStore::changes) streams of this connection never yield
     /// (a watch that is down), so only polling sees changes.
     pub fn blind(&self, blind: bool) {
@@ -142,6 +150,10 @@ impl MemoryLeaseStore {
                 break;
             }
             unhang.await;
+        }
+        let latency = self.faults.latency_ms.load(Ordering::SeqCst);
+        if latency > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(latency)).await;
         }
         let injected =
             self.faults

@@ -55,6 +55,10 @@ pub enum Change {
     Service(String, &'static str),
 }
 
+/// How long [`Model::apply_retrying`] keeps trying one change (a restarting API server or
+/// etcd on a loaded machine).
+const RETRY_WRITES_FOR: Duration = Duration::from_secs(240);
+
 /// A background client making a bounded number of random changes.
 pub struct Churn {
     progress: watch::Receiver<usize>,
@@ -226,14 +230,36 @@ impl Model {
 
     /// Writes `change` (already in the model) to the API.
     pub async fn apply(&self, cluster: &Cluster, change: &Change) {
+        self.try_apply(cluster, change).await.unwrap()
+    }
+
+    /// Writes `change`, failing instead of panicking (every change is safe to write again).
+    pub async fn try_apply(&self, cluster: &Cluster, change: &Change) -> Result<(), kube::Error> {
         match change {
-            Change::Service(name, _) => {
-                cluster.update_service(self.service(name)).await;
+            Change::Service(name, _) => cluster
+                .try_update_service(self.service(name))
+                .await
+                .map(|_| ()),
+            Change::Workload(name, _) if self.workloads[name].exists => cluster
+                .try_apply_workload(self.workload(name))
+                .await
+                .map(|_| ()),
+            Change::Workload(name, _) => cluster.try_delete_workload(name).await,
+        }
+    }
+
+    /// Writes `change`, again and again while the API is unavailable (a control-plane outage),
+    /// until it is accepted or `RETRY_WRITES_FOR` has passed.
+    pub async fn apply_retrying(&self, cluster: &Cluster, change: &Change) {
+        let deadline = tokio::time::Instant::now() + RETRY_WRITES_FOR;
+        loop {
+            match self.try_apply(cluster, change).await {
+                Ok(()) => return,
+                Err(error) if tokio::time::Instant::now() >= deadline => {
+                    panic!("{change:?} not accepted in {RETRY_WRITES_FOR:?}: {error}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
-            Change::Workload(name, _) if self.workloads[name].exists => {
-                cluster.apply_workload(self.workload(name)).await;
-            }
-            Change::Workload(name, _) => cluster.delete_workload(name).await,
         }
     }
 
@@ -320,10 +346,32 @@ impl Churn {
     /// Makes `changes` random changes from `model`, pausing 0..2×`pause` between them.
     pub fn start(
         cluster: &Cluster,
-        mut model: Model,
-        mut rng: Rng,
+        model: Model,
+        rng: Rng,
         changes: usize,
         pause: Duration,
+    ) -> Churn {
+        Self::start_writing(cluster, model, rng, (changes, pause), false)
+    }
+
+    /// Like [`Churn::start`], but each change is retried while the API is unavailable (see
+    /// [`Model::apply_retrying`]): the client of a control-plane outage.
+    pub fn start_retrying(
+        cluster: &Cluster,
+        model: Model,
+        rng: Rng,
+        changes: usize,
+        pause: Duration,
+    ) -> Churn {
+        Self::start_writing(cluster, model, rng, (changes, pause), true)
+    }
+
+    fn start_writing(
+        cluster: &Cluster,
+        mut model: Model,
+        mut rng: Rng,
+        (changes, pause): (usize, Duration),
+        retry: bool,
     ) -> Churn {
         let cluster = cluster.clone();
         let (progress, receiver) = watch::channel(0);
@@ -331,7 +379,11 @@ impl Churn {
             let mut last = None;
             for done in 1..=changes {
                 let change = model.random_change(&mut rng);
-                model.apply(&cluster, &change).await;
+                if retry {
+                    model.apply_retrying(&cluster, &change).await;
+                } else {
+                    model.apply(&cluster, &change).await;
+                }
                 last = Some(change);
                 progress.send_replace(done);
                 let jitter = rng.below(2000) as u32;

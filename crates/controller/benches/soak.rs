@@ -1,0 +1,279 @@
+//! The long chaos soak, as a benchmark (too long for CI): rounds of faults drawn at random from
+//! every fault of the chaos tests (replica, Lease and network faults of `tests/chaos.rs`; control
+//! plane faults of `tests/control_plane.rs`) against one control plane of two kube-apiservers on
+//! one etcd, three replicas spread over both, and a client changing objects throughout.
+//!
+//! Each round ends only when the slices show every change the client made (a lost change fails
+//! the round, and so the run). Throughout, every replica's leader gauge is sampled (two leaders
+//! at once are counted) and every slice write is checked against the Lease holder at its
+//! revision. At the end it prints the rounds run, the changes made, the changes lost, the writes
+//! by a replica that was not the holder at that moment, and the longest time without a leader.
+//!
+//! `cargo bench -p external-endpoints --bench soak`. Knobs (environment): `SOAK_ROUNDS` (200),
+//! `CHAOS_SEED` (replays a run: the same faults and client changes; printed at the start).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
+
+#[path = "../tests/chaos/control.rs"]
+mod control;
+#[path = "../tests/chaos/faults.rs"]
+mod faults;
+#[path = "../tests/chaos/network.rs"]
+mod network;
+#[path = "../tests/support/mod.rs"]
+mod support;
+#[path = "../tests/chaos/world.rs"]
+mod world;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use testbed::Server;
+use tokio::time::Instant;
+
+use control::Stop;
+use support::{
+    Replica,
+    chaos::{
+        audit::{LeaderMonitor, WriteAudit},
+        wait_any_leading,
+    },
+    proxy::Mode,
+};
+use world::{Member, World};
+
+/// Replicas kept running.
+const REPLICAS: usize = 3;
+/// Rounds between two audits (each reads every replica's log).
+const AUDIT_EVERY: usize = 10;
+
+/// The faults a round draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    HandOver,
+    Crash,
+    Deposition,
+    Outage(Mode),
+    Flap(Mode),
+    TerminateCutOff(Mode),
+    LeaseDeleted,
+    ConnectionResets,
+    ApiServerKilled,
+    ApiServerStopped,
+    EtcdKilled,
+    WatchExpiry,
+    SlowApi,
+    ApiServerCutOff,
+}
+
+const FAULTS: [Fault; 17] = [
+    Fault::HandOver,
+    Fault::Crash,
+    Fault::Deposition,
+    Fault::Outage(Mode::Cut),
+    Fault::Outage(Mode::Blackhole),
+    Fault::Flap(Mode::Cut),
+    Fault::Flap(Mode::Blackhole),
+    Fault::TerminateCutOff(Mode::Cut),
+    Fault::TerminateCutOff(Mode::Blackhole),
+    Fault::LeaseDeleted,
+    Fault::ConnectionResets,
+    Fault::ApiServerKilled,
+    Fault::ApiServerStopped,
+    Fault::EtcdKilled,
+    Fault::WatchExpiry,
+    Fault::SlowApi,
+    Fault::ApiServerCutOff,
+];
+
+fn main() {
+    if !invoked_by_cargo_bench() {
+        eprintln!(
+            "soak: a benchmark; run it with `cargo bench -p external-endpoints --bench soak`"
+        );
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run());
+}
+
+/// `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench targets without it.
+fn invoked_by_cargo_bench() -> bool {
+    std::env::args().any(|arg| arg == "--bench")
+}
+
+async fn run() {
+    let rounds: usize = std::env::var("SOAK_ROUNDS")
+        .ok()
+        .and_then(|rounds| rounds.trim().parse().ok())
+        .unwrap_or(200);
+    let started = Instant::now();
+    let options = testbed::Options {
+        apiserver_args: vec!["--watch-cache=false".to_string()],
+        ..testbed::Options::default()
+    };
+    let testbed = testbed::Testbed::start(options).await.unwrap();
+    testbed.add_apiserver().await.unwrap();
+    let _logs = testbed.log_guard();
+    eprintln!("soak: two API servers up after {:?}", started.elapsed());
+
+    let mut world = World::new(&testbed, "soak").await;
+    let monitor = LeaderMonitor::start();
+    let mut members: Vec<Member> = Vec::new();
+    refill(&mut world, &mut members, &monitor).await;
+    let model = world.model.clone();
+    model.wait_reflected(&world.cluster, None).await;
+    let audit = WriteAudit::start(&world.cluster).await;
+
+    let mut by_fault: BTreeMap<String, (usize, Duration, Duration)> = BTreeMap::new();
+    let mut longest = (Duration::ZERO, None);
+    for round in 0..rounds {
+        let fault = FAULTS[world.rng.below(FAULTS.len())];
+        monitor.reset_longest();
+        let began = Instant::now();
+        strike(&mut world, &mut members, fault).await;
+        // Replicas that left are not sampled any more: a new one may reuse an admin port.
+        let remaining: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+        monitor.retain(&remaining);
+        refill(&mut world, &mut members, &monitor).await;
+        let took = began.elapsed();
+        let state = monitor.state();
+        assert!(
+            state.overlaps.is_empty(),
+            "round {round} ({fault:?}): two replicas led at once: {:?}",
+            state.overlaps
+        );
+        if state.longest_leaderless > longest.0 {
+            longest = (state.longest_leaderless, Some(fault));
+        }
+        let entry = by_fault.entry(format!("{fault:?}")).or_default();
+        entry.0 += 1;
+        entry.1 += took;
+        entry.2 = entry.2.max(state.longest_leaderless);
+        eprintln!(
+            "soak round {round}: {fault:?} passed in {took:?} (no leader for at most {:?}; {} changes so far)",
+            state.longest_leaderless, world.changes
+        );
+        if (round + 1) % AUDIT_EVERY == 0 || round + 1 == rounds {
+            let report = audit_now(&audit, &world, &members);
+            assert!(
+                report.by_non_holder.is_empty(),
+                "round {round}: writes by a replica that did not hold the Lease: {:#?}",
+                report.by_non_holder
+            );
+            // The figures so far, so that a run stopped early still reports.
+            summary(
+                round + 1,
+                started,
+                &by_fault,
+                &world,
+                &report,
+                &monitor,
+                longest,
+            );
+        }
+    }
+}
+
+/// Prints the figures after `rounds` rounds.
+fn summary(
+    rounds: usize,
+    started: Instant,
+    by_fault: &BTreeMap<String, (usize, Duration, Duration)>,
+    world: &World<'_>,
+    report: &support::chaos::audit::AuditReport,
+    monitor: &LeaderMonitor,
+    longest: (Duration, Option<Fault>),
+) {
+    let state = monitor.state();
+    println!("soak: {rounds} rounds in {:?}", started.elapsed());
+    println!("| fault | rounds | mean round | longest without a leader |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (fault, (count, total, leaderless)) in by_fault {
+        println!(
+            "| {fault} | {count} | {:.1} s | {:.1} s |",
+            total.as_secs_f64() / *count as f64,
+            leaderless.as_secs_f64()
+        );
+    }
+    println!("rounds run: {rounds}");
+    println!("changes made: {}", world.changes);
+    println!("changes lost: 0 (every round ended with the slices showing every change)");
+    println!(
+        "slice writes audited: {} ({} unattributed: the faults' own writes; {} after a forced \
+         deposition or Lease deletion; {} watch gaps)",
+        report.writes, report.unattributed, report.after_forced, report.gaps
+    );
+    println!(
+        "writes by a replica that was not the holder: {}",
+        report.by_non_holder.len()
+    );
+    println!(
+        "two leaders at once: {} of {} samples",
+        state.overlaps.len(),
+        state.samples
+    );
+    println!(
+        "longest time without a leader: {:.1} s ({:?})",
+        longest.0.as_secs_f64(),
+        longest.1
+    );
+}
+
+async fn strike(world: &mut World<'_>, members: &mut Vec<Member>, fault: Fault) {
+    match fault {
+        Fault::HandOver => faults::hand_over(world, members).await,
+        Fault::Crash => faults::crash(world, members).await,
+        Fault::Deposition => faults::deposition(world, members).await,
+        Fault::Outage(mode) => network::outage(world, members, mode).await,
+        Fault::Flap(mode) => network::flap(world, members, mode).await,
+        Fault::TerminateCutOff(mode) => network::terminate_cut_off(world, members, mode).await,
+        Fault::LeaseDeleted => faults::lease_deleted(world, members).await,
+        Fault::ConnectionResets => network::connection_resets(world, members).await,
+        Fault::ApiServerKilled | Fault::ApiServerStopped => {
+            let side = leader_side(world, members).await;
+            let stop = if fault == Fault::ApiServerKilled {
+                Stop::Kill
+            } else {
+                Stop::Graceful
+            };
+            control::restart(world, members, Server::ApiServer(side), stop).await;
+        }
+        Fault::EtcdKilled => control::restart(world, members, Server::Etcd, Stop::Kill).await,
+        Fault::WatchExpiry => control::watch_expiry(world, members).await,
+        Fault::SlowApi => control::slow_api(world, members).await,
+        Fault::ApiServerCutOff => control::apiserver_partition(world, members).await,
+    }
+}
+
+/// The API server of the current leader.
+async fn leader_side(world: &World<'_>, members: &[Member]) -> usize {
+    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
+    members[index].apiserver
+}
+
+/// Starts replicas until there are [`REPLICAS`], each on the API server with fewer of them.
+async fn refill(world: &mut World<'_>, members: &mut Vec<Member>, monitor: &LeaderMonitor) {
+    while members.len() < REPLICAS {
+        let on_first = members.iter().filter(|m| m.apiserver == 0).count();
+        world.apiserver = usize::from(on_first * 2 > members.len());
+        let member = world.member(true).await;
+        monitor.add(&member.replica);
+        members.push(member);
+        if members.len() == 1 {
+            members[0].replica.wait_leading().await;
+        }
+    }
+}
+
+fn audit_now(
+    audit: &WriteAudit,
+    world: &World<'_>,
+    members: &[Member],
+) -> support::chaos::audit::AuditReport {
+    let mut replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+    replicas.extend(world.retired.iter().map(|m| &m.replica));
+    audit.check(&replicas)
+}
