@@ -2,7 +2,7 @@
 //!
 //! The controller lists and watches every ExternalWorkload of the cluster. One object that does
 //! not fit our types would make the whole list fail to decode and stop the watch for every object
-//! (design.md section 3: "the controller must survive objects that a looser CRD let in"). So each
+//! (docs/slices.md, "Input": the controller must survive objects that a looser CRD let in). So each
 //! field of the types is decoded through these helpers: a value of the wrong shape becomes the
 //! field's default, and the planner reports what it cannot use.
 

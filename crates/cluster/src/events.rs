@@ -1,4 +1,4 @@
-//! Warning Events on a Service for workload data that cannot be used (design.md section 8).
+//! Warning Events on a Service for workload data that cannot be used (docs/operations.md).
 //!
 //! Deduplicated: the same problem of the same workload for the same Service is published at most
 //! once per [`REPEAT_AFTER`], so a flapping workload, or a resync every few minutes, does not

@@ -1,4 +1,4 @@
-//! Prometheus metrics of the controller (design.md section 8). Labels are bounded enums only;
+//! Prometheus metrics of the controller (docs/operations.md). Labels are bounded enums only;
 //! object names never become labels.
 
 use prometheus_client::{

@@ -24,7 +24,7 @@ pub const CONFLICT_RETRY: Duration = Duration::from_millis(250);
 /// How soon a Service is looked at again when the lease is not safely held right now.
 pub const FENCED_RETRY: Duration = Duration::from_secs(1);
 
-/// Per-term state: built fresh for every term (the stale-tracker scenario of design.md 6).
+/// Per-term state: built fresh for every term (the stale-tracker scenario, docs/slices.md).
 #[derive(Default)]
 pub struct TermState {
     /// What this term wrote and deleted.

@@ -1,4 +1,4 @@
-//! Planner benchmarks (design.md section 10): 1,000 workloads ≤ 0.5 ms, no-op ≤ 0.2 ms, a full
+//! Planner benchmarks (docs/benchmarks.md): 1,000 workloads ≤ 0.5 ms, no-op ≤ 0.2 ms, a full
 //! resync of 10k Services × 10 workloads ≤ 200 ms of CPU. Run: `cargo bench -p slices --bench plan`.
 //!
 //! Measured in CPU time of the benchmarking thread, not wall time: the targets are CPU budgets,

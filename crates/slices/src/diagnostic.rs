@@ -1,4 +1,4 @@
-//! What the planner could not use, for Events and metrics (design.md section 8).
+//! What the planner could not use, for Events and metrics (docs/operations.md).
 
 use std::fmt;
 

@@ -1,4 +1,4 @@
-//! Watch events → the Services to plan again (design.md section 5). Pure functions over the
+//! Watch events → the Services to plan again (docs/slices.md, "Events → Service keys"). Pure functions over the
 //! event's objects and the cache.
 
 use std::collections::BTreeSet;

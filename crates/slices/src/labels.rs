@@ -1,4 +1,4 @@
-//! Selection, slice labels and ownership: the metadata rules of design.md section 4.
+//! Selection, slice labels and ownership: the metadata rules of docs/slices.md.
 
 use std::collections::BTreeMap;
 
@@ -93,7 +93,7 @@ pub(crate) fn is_managed(slice: &CachedSlice, config: &Config) -> bool {
 }
 
 /// Whether `actual` is exactly [`slice_labels`], checked without building it (no-op passes
-/// compare every slice's labels; see design.md section 10).
+/// compare every slice's labels; see docs/benchmarks.md).
 pub(crate) fn labels_match(actual: &Labels, service: &CachedService, config: &Config) -> bool {
     let mut expected = 2 + usize::from(service.headless);
     for (key, value) in service.labels.iter() {

@@ -2,12 +2,12 @@
 //!
 //! Given a Service, the workloads of its namespace, the slices we already manage for it and the
 //! configuration, [`plan_cached`] returns the creates, updates and deletes that make the cluster
-//! match design.md section 4. No tokio, no kube client, no I/O: the compiler keeps decisions apart
+//! match docs/slices.md. No tokio, no kube client, no I/O: the compiler keeps decisions apart
 //! from the writer, and everything here is tested with plain values.
 //!
 //! The planner reads the compact cached form of each kind ([`CachedService`], [`CachedWorkload`],
-//! [`CachedSlice`]), which the controller's caches hold instead of API objects (design.md
-//! section 10, memory); [`plan_slices`] takes API objects and projects them first.
+//! [`CachedSlice`]), which the controller's caches hold instead of API objects (docs/benchmarks.md,
+//! scale and memory); [`plan_slices`] takes API objects and projects them first.
 //!
 //! ```text
 //! Service ─┐

@@ -1,5 +1,5 @@
 //! What the controller caches of each kind: the fields the planner, the event mapping and the
-//! writer read, and nothing else (design.md section 10, memory).
+//! writer read, and nothing else (docs/benchmarks.md, scale and memory).
 //!
 //! Each is made once per watch event from the API object ([`CachedWorkload::new`] and so on,
 //! with an [`Intern`] so that names and labels repeated across objects share one allocation).

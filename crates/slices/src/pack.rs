@@ -1,5 +1,5 @@
-//! Packing endpoints of one group into slices with as few writes as possible (design.md
-//! section 4, steps 1 to 3; steps 4 and 5 are in `plan`).
+//! Packing endpoints of one group into slices with as few writes as possible (docs/slices.md,
+//! "Packing", steps 1 to 3; steps 4 and 5 are in `plan`).
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -1,4 +1,4 @@
-//! `plan_slices`: the whole of design.md section 4 for one Service.
+//! `plan_slices`: every rule of docs/slices.md for one Service.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! Stale-cache protection (design.md section 4, "tracker"). One per leadership term.
+//! Stale-cache protection (docs/slices.md, "Stale-cache protection"). One per leadership term.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,7 +13,7 @@ use crate::text::Token;
 ///
 /// Create a new one every leadership term: records of an earlier term describe writes whose
 /// effects others may have changed since, and would keep a reacquired leader stuck on "cache out
-/// of date" (the stale-tracker scenario of design.md section 6).
+/// of date" (the stale-tracker scenario, docs/slices.md).
 #[derive(Debug, Default)]
 pub struct Tracker {
     services: HashMap<ServiceKey, Expectations>,

@@ -1,4 +1,4 @@
-//! Events → Service keys (design.md section 5), one named case per rule.
+//! Events → Service keys (docs/slices.md, "Events → Service keys"), one named case per rule.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
 use api::v1beta1::ExternalWorkload;

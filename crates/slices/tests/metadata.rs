@@ -1,4 +1,4 @@
-//! One named case per planner rule of design.md section 4: endpoints and slice metadata.
+//! One named case per planner rule of docs/slices.md: endpoints and slice metadata.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
 mod common;

@@ -1,4 +1,4 @@
-//! One named case per packing rule of design.md section 4 (steps 1 to 5), plus the plan-wide
+//! One named case per packing rule of docs/slices.md ("Packing", steps 1 to 5), plus the plan-wide
 //! guarantees: write order, no creates while the Service is deleted, determinism, no mutation,
 //! and no write when only the trigger time differs.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures

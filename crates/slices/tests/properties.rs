@@ -1,4 +1,4 @@
-//! Property tests of the planner's invariants (design.md section 4): re-planning the applied
+//! Property tests of the planner's invariants (docs/slices.md): re-planning the applied
 //! result is empty; every desired endpoint appears exactly once; no slice over the maximum;
 //! the plan does not depend on input order; inputs are never mutated.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures

@@ -1,4 +1,4 @@
-//! One named case per planner rule of design.md section 4: selection, address families and
+//! One named case per planner rule of docs/slices.md: selection, address families and
 //! ports. Endpoints and metadata are in `metadata.rs`, packing in `packing.rs`.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 

@@ -1,5 +1,5 @@
-//! Stale-cache protection (design.md section 4, "tracker") and the stale-tracker scenario of
-//! section 6, one named test per rule.
+//! Stale-cache protection and the stale-tracker scenario (docs/slices.md, "Stale-cache
+//! protection"), one named test per rule.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -156,7 +156,7 @@ fn deleted_service_is_forgotten() {
     assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
 }
 
-/// design.md section 6: A writes, loses the lease, someone deletes the slices, A leads again.
+/// The stale-tracker scenario: A writes, loses the lease, someone deletes the slices, A leads again.
 /// With the old term's tracker A would wait forever for slices that will never come back; the
 /// new term's tracker lets it plan, and the plan re-creates them.
 #[test]
