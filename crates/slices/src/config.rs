@@ -25,7 +25,8 @@ pub enum ConfigError {
     InvalidNamePrefix(String),
 }
 
-/// Linkerd's controller name, so the two are drop-in replacements (docs/operations.md, migrating from Linkerd).
+/// Linkerd's controller name, so the two are drop-in replacements (docs/operations.md,
+/// migrating from Linkerd).
 pub const DEFAULT_MANAGED_BY: &str = "linkerd-external-workloads-controller";
 
 /// The largest allowed maximum of endpoints per slice (the API server's own limit).

@@ -1,5 +1,5 @@
-//! Watch events → the Services to plan again (docs/slices.md, "Events → Service keys"). Pure functions over the
-//! event's objects and the cache.
+//! Watch events → the Services to plan again (docs/slices.md, "Events → Service keys"). Pure
+//! functions over the event's objects and the cache.
 
 use std::collections::BTreeSet;
 

@@ -156,7 +156,8 @@ fn deleted_service_is_forgotten() {
     assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
 }
 
-/// The stale-tracker scenario: A writes, loses the lease, someone deletes the slices, A leads again.
+/// The stale-tracker scenario: A writes, loses the lease, someone deletes the slices, A leads
+/// again.
 /// With the old term's tracker A would wait forever for slices that will never come back; the
 /// new term's tracker lets it plan, and the plan re-creates them.
 #[test]
