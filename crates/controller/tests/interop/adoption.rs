@@ -35,8 +35,8 @@ pub const DIFFERENT: [&str; 5] = [
     "unselected",
 ];
 
-/// The Services of [`SAME`] and their workloads.
-pub async fn create_same(cluster: &Cluster) {
+/// Service `web` (labelled, one named port) with `web-1` (ready, zoned) and `web-2` (not ready).
+pub async fn create_web(cluster: &Cluster) {
     cluster
         .create_service(
             Svc::named("web")
@@ -56,6 +56,11 @@ pub async fn create_same(cluster: &Cluster) {
     cluster
         .apply_workload(vm("web-2", "app", "web").ip("10.1.0.2").not_ready())
         .await;
+}
+
+/// The Services of [`SAME`] and their workloads.
+pub async fn create_same(cluster: &Cluster) {
+    create_web(cluster).await;
     cluster
         .apply_workload(
             vm("web-3", "app", "web")

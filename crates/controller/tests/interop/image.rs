@@ -19,13 +19,10 @@ use std::{
 
 use kube::config::Kubeconfig;
 use slices::testing::{Svc, Workload};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    process::Command,
-};
+use tokio::process::Command;
 
 use super::contender::SHORT;
-use crate::support::{CONVERGE, Cluster, eventually, sum_metric};
+use crate::support::{CONVERGE, Cluster, eventually, http_get, sum_metric};
 
 const DOCKERFILE: &str = include_str!("../../../../Dockerfile");
 const DEPLOYMENT: &str = include_str!("../../../../deploy/deployment.yaml");
@@ -111,7 +108,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     );
 
     eventually("leading", CONVERGE, || async {
-        let body = get(admin, "/metrics").await?;
+        let (_, body) = http_get(admin, "/metrics").await?;
         match sum_metric(&body, "external_endpoints_leader", "") {
             Some(1.0) => Ok(()),
             other => Err(format!("leader {other:?}; log:\n{}", read_log())),
@@ -227,24 +224,4 @@ fn readable_kubeconfig(testbed: &testbed::Testbed, dir: &Path) -> PathBuf {
     std::fs::write(&path, serde_json::to_vec(&kubeconfig).unwrap()).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     path
-}
-
-async fn get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default())
 }

@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use slices::testing::Svc;
 
 use super::{
-    adoption::{create_linkerd_slices, selected, slices_by_name, versions_of, vm},
+    adoption::{create_linkerd_slices, create_web, selected, slices_by_name, versions_of, vm},
     contender::{Contender, Ours, SHORT},
     linkerd,
     timeline::{LeaseLog, assert_never_together, contender_intervals, our_intervals},
@@ -39,25 +39,7 @@ pub async fn run(testbed: &'static testbed::Testbed, binary: &Path) {
     let linkerd_0 =
         Contender::start(binary, testbed, &ns, "linkerd-destination-0", SHORT, None).await;
     linkerd_0.wait_event("started leading", 1).await;
-    cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .label("team", "payments")
-                .port("http", 80, "http"),
-        )
-        .await;
-    cluster
-        .apply_workload(
-            vm("web-1", "app", "web")
-                .ip("10.1.0.1")
-                .zone("zone-a")
-                .ready(),
-        )
-        .await;
-    cluster
-        .apply_workload(vm("web-2", "app", "web").ip("10.1.0.2").not_ready())
-        .await;
+    create_web(&cluster).await;
     cluster
         .create_service(Svc::named("db").selector("app", "db").headless())
         .await;
