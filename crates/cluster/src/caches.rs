@@ -5,19 +5,19 @@ use std::{collections::BTreeMap, sync::Arc};
 use slices::{CachedService, CachedSlice, CachedWorkload, SERVICE_NAME_LABEL, ServiceKey, Text};
 
 use crate::{
-    cache::{Cache, LabelPair},
     intern::Interner,
+    store::{LabelPair, Store},
 };
 
 /// Warm caches of Services, ExternalWorkloads and managed EndpointSlices, in their cached forms,
 /// with the string pool they share.
 pub struct Caches {
     /// Services, label-indexed by the first pair of their selector.
-    pub services: Arc<Cache<CachedService>>,
+    pub services: Arc<Store<CachedService>>,
     /// ExternalWorkloads, label-indexed by every label pair.
-    pub workloads: Arc<Cache<CachedWorkload>>,
+    pub workloads: Arc<Store<CachedWorkload>>,
     /// Managed EndpointSlices, grouped by their service-name label.
-    pub slices: Arc<Cache<CachedSlice>>,
+    pub slices: Arc<Store<CachedSlice>>,
     /// The strings the cached objects share.
     pub interner: Arc<Interner>,
 }
@@ -28,9 +28,9 @@ impl Caches {
     /// Empty caches.
     pub fn new() -> Self {
         Self {
-            services: Arc::new(Cache::new().label_indexed(selector_anchor)),
-            workloads: Arc::new(Cache::new().label_indexed(workload_labels)),
-            slices: Arc::new(Cache::grouped(service_name_of)),
+            services: Arc::new(Store::new().label_indexed(selector_anchor)),
+            workloads: Arc::new(Store::new().label_indexed(workload_labels)),
+            slices: Arc::new(Store::grouped(service_name_of)),
             interner: Arc::new(Interner::new()),
         }
     }

@@ -7,16 +7,13 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::{
-    Client,
-    runtime::events::{Event, EventType, Recorder, Reporter},
-};
+use kube::runtime::events::{Event, EventType};
 use leadership::Fence;
 use parking_lot::Mutex;
 use slices::{CachedService, Diagnostic, ProblemKind, ServiceKey};
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
+use crate::{metrics::Metrics, writer::WriteApi};
 
 /// How long an identical Event is held back after it was published.
 pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
@@ -25,30 +22,19 @@ pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
 const MAX_REMEMBERED: usize = 50_000;
 
 /// Publishes deduplicated Warning Events.
+#[derive(Default)]
 pub struct Diagnostics {
-    recorder: Recorder,
     published: Mutex<BTreeMap<(ServiceKey, Diagnostic), Instant>>,
 }
 
 // === impl Diagnostics ===
 
 impl Diagnostics {
-    /// Publishes as `controller` (the managed-by value) from `instance` (this replica).
-    pub fn new(client: Client, controller: &str, instance: &str) -> Self {
-        let reporter = Reporter {
-            controller: controller.to_string(),
-            instance: Some(instance.to_string()),
-        };
-        Self {
-            recorder: Recorder::new(client, reporter),
-            published: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// Counts, logs and publishes `diagnostics` of `service`. Event failures are logged, never
-    /// returned: an Event is a report, not part of the slices' correctness.
-    pub async fn report(
+    /// Counts, logs and publishes (through `api`) `diagnostics` of `service`. Event failures are
+    /// logged, never returned: an Event is a report, not part of the slices' correctness.
+    pub async fn report<W: WriteApi>(
         &self,
+        api: &W,
         service: &CachedService,
         key: &ServiceKey,
         diagnostics: &[Diagnostic],
@@ -83,11 +69,7 @@ impl Diagnostics {
                 action: "PublishEndpointSlices".into(),
                 secondary: Some(workload_reference(key, &diagnostic.workload)),
             };
-            match self
-                .recorder
-                .publish(&event, &service.object_reference())
-                .await
-            {
+            match api.publish_event(&event, &service.object_reference()).await {
                 Ok(()) => {
                     metrics.events_published.inc();
                 }
@@ -140,5 +122,114 @@ fn workload_reference(key: &ServiceKey, workload: &str) -> ObjectReference {
         namespace: Some(key.namespace.clone()),
         name: Some(workload.to_string()),
         ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Publishing through a fake [`WriteApi`]: fenced like writes, deduplicated, retried after
+    //! a failure.
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use prometheus_client::registry::Registry;
+    use slices::{Problem, testing::Svc};
+
+    use super::*;
+    use crate::fake::{FakeApi, TestTerm};
+
+    /// One Service with one unusable workload port, reported through `diagnostics`.
+    struct Reporting {
+        service: CachedService,
+        key: ServiceKey,
+        problems: Vec<Diagnostic>,
+        metrics: Metrics,
+        diagnostics: Diagnostics,
+    }
+
+    const PUBLISHED: &str = "event UnresolvedWorkloadPort web";
+
+    impl Reporting {
+        fn new() -> Self {
+            let service = Svc::named("web")
+                .namespace("ns")
+                .selector("app", "web")
+                .build();
+            Self {
+                service: CachedService::from(&service),
+                key: ServiceKey::new("ns", "web"),
+                problems: vec![Diagnostic {
+                    workload: "vm-1".into(),
+                    problem: Problem::UnresolvedPort {
+                        port_name: "http".into(),
+                        protocol: "TCP".into(),
+                    },
+                }],
+                metrics: Metrics::register(&mut Registry::default()),
+                diagnostics: Diagnostics::default(),
+            }
+        }
+
+        async fn report(&self, api: &FakeApi, term: &TestTerm) {
+            let (service, key) = (&self.service, &self.key);
+            self.diagnostics
+                .report(
+                    api,
+                    service,
+                    key,
+                    &self.problems,
+                    &term.fence,
+                    &self.metrics,
+                )
+                .await;
+        }
+
+        fn counted(&self) -> u64 {
+            let labels = ProblemKind::UnresolvedPort.into();
+            self.metrics
+                .invalid_workload_data
+                .get_or_create(&labels)
+                .get()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_are_fenced_like_writes() {
+        let reporting = Reporting::new();
+        let ended = TestTerm::new();
+        ended.end();
+        let api = FakeApi::default();
+        reporting.report(&api, &ended).await;
+        assert!(api.calls().is_empty(), "no Event after the term ended");
+        assert_eq!(reporting.counted(), 1, "the problem is still counted");
+
+        // Not remembered as published: the next term publishes it.
+        reporting.report(&api, &TestTerm::new()).await;
+        assert_eq!(api.calls(), [PUBLISHED]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_same_problem_is_published_once_per_repeat_period() {
+        let reporting = Reporting::new();
+        let term = TestTerm::new();
+        let api = FakeApi::default();
+        reporting.report(&api, &term).await;
+        reporting.report(&api, &term).await;
+        assert_eq!(api.calls(), [PUBLISHED]);
+        assert_eq!(reporting.counted(), 2, "every occurrence is counted");
+
+        tokio::time::advance(REPEAT_AFTER).await;
+        reporting.report(&api, &term).await;
+        assert_eq!(api.calls(), [PUBLISHED, PUBLISHED]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_event_is_published_again_on_the_next_pass() {
+        let reporting = Reporting::new();
+        let term = TestTerm::new();
+        let api = FakeApi::failing(&[(PUBLISHED, 500)]);
+        reporting.report(&api, &term).await;
+        let api = FakeApi::default();
+        reporting.report(&api, &term).await;
+        assert_eq!(api.calls(), [PUBLISHED]);
     }
 }

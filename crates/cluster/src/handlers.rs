@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use leadership::{Gate, TermContext};
-use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, keys};
+use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, affected};
 
-use crate::{cache::Change, caches::Caches, reconcile::TermState};
+use crate::{caches::Caches, reconcile::TermState, store::Change};
 
 /// The gate of this controller.
 pub type ServiceGate = Gate<ServiceKey, TermState>;
@@ -19,7 +19,7 @@ pub type Context = TermContext<ServiceKey, TermState>;
 /// A Service change names that Service (add, update and delete alike).
 pub fn on_service(context: &Context, change: &Change<CachedService>) {
     if let Some(service) = change.new.as_ref().or(change.old.as_ref()) {
-        context.enqueue(keys::for_service(service));
+        context.enqueue(affected::for_service(service));
     }
 }
 
@@ -31,7 +31,7 @@ pub fn on_workload(context: &Context, caches: &Caches, change: &Change<CachedWor
         candidates.extend(caches.candidate_services(workload));
     }
     let services = candidates.iter().map(Arc::as_ref);
-    for key in keys::for_workload(change.old.as_deref(), change.new.as_deref(), services) {
+    for key in affected::for_workload(change.old.as_deref(), change.new.as_deref(), services) {
         context.enqueue(key);
     }
 }
@@ -41,7 +41,7 @@ pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<Cach
     let keys = {
         let mut tracker = context.state().tracker.lock();
         tracker.observe(change.old.as_deref(), change.new.as_deref());
-        keys::for_slice(
+        affected::for_slice(
             change.old.as_deref(),
             change.new.as_deref(),
             config,

@@ -43,11 +43,6 @@ impl Interner {
     pub fn len(&self) -> usize {
         self.pool.lock().texts.len()
     }
-
-    /// Whether the pool is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Default for Interner {

@@ -11,25 +11,32 @@
 //! so a term never plans on a partial cache.
 #![deny(missing_docs)]
 
-pub mod cache;
-pub mod caches;
-pub mod events;
-pub mod handlers;
-pub mod intern;
-pub mod metrics;
-pub mod reconcile;
-pub mod watch;
-pub mod writer;
+mod caches;
+mod events;
+#[cfg(test)]
+mod fake;
+mod handlers;
+mod intern;
+pub mod measure;
+mod metrics;
+mod reconcile;
+mod store;
+mod watch;
+mod writer;
 
 use std::sync::Arc;
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-use kube::{Api, Client, runtime::watcher};
+use kube::{
+    Api, Client,
+    runtime::{events::Reporter, watcher},
+};
 use leadership::{KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     caches::Caches,
@@ -37,7 +44,7 @@ use crate::{
     handlers::ServiceGate,
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
-    writer::{KubeSlices, SliceApi},
+    writer::{KubeWrites, WriteApi},
 };
 
 /// Everything the controller is configured with.
@@ -78,12 +85,16 @@ pub struct Controller {
 impl Controller {
     /// A controller writing through `client`; registers its metrics in `registry`.
     pub fn new(client: Client, config: ControllerConfig, registry: &mut Registry) -> Self {
-        let api = KubeSlices::new(client.clone());
+        let reporter = Reporter {
+            controller: config.slices.managed_by().to_string(),
+            instance: Some(config.lease.identity().to_string()),
+        };
+        let api = KubeWrites::new(client.clone(), reporter);
         Self::with_writer(client, config, api, registry)
     }
 
-    /// A controller writing slices through `api` (tests inject faults there).
-    pub fn with_writer<W: SliceApi>(
+    /// A controller writing through `api`.
+    fn with_writer<W: WriteApi>(
         client: Client,
         config: ControllerConfig,
         api: W,
@@ -95,11 +106,7 @@ impl Controller {
             caches: caches.clone(),
             config: config.slices.clone(),
             api,
-            diagnostics: Some(Diagnostics::new(
-                client.clone(),
-                config.slices.managed_by(),
-                config.lease.identity(),
-            )),
+            diagnostics: Diagnostics::default(),
             metrics: metrics.clone(),
             stale_limit: config.stale_limit,
         });
@@ -119,11 +126,6 @@ impl Controller {
             runtime,
             elector,
         }
-    }
-
-    /// The caches (for tests and benchmarks).
-    pub fn caches(&self) -> Arc<Caches> {
-        self.caches.clone()
     }
 
     /// Runs until `shutdown`: watches start at once; once every cache has synced, `on_synced`
@@ -226,12 +228,12 @@ impl Watches<'_> {
         controller: &Controller,
         kind: &'static str,
         config: watcher::Config,
-        cache: Arc<cache::Cache<K::Cached>>,
+        cache: Arc<store::Store<K::Cached>>,
         handler: H,
     ) where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + watch::Project,
         K::DynamicType: Default,
-        H: Fn(&handlers::Context, &cache::Change<K::Cached>) + Send + 'static,
+        H: Fn(&handlers::Context, &store::Change<K::Cached>) + Send + 'static,
     {
         let gate = self.gate.clone();
         let synced = self.synced.clone();
@@ -248,7 +250,9 @@ impl Watches<'_> {
                 .get_or_create(&labels)
                 .clone(),
         };
-        tokio::spawn(watch::run(
+        // One span per watch: every line it logs names its kind.
+        let span = tracing::info_span!("watch", kind);
+        let watch = watch::run(
             controller.api::<K>(),
             config,
             cache,
@@ -261,6 +265,7 @@ impl Watches<'_> {
             },
             counters,
             self.stop.clone(),
-        ));
+        );
+        tokio::spawn(watch.instrument(span));
     }
 }

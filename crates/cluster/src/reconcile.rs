@@ -12,7 +12,7 @@ use crate::{
     caches::Caches,
     events::Diagnostics,
     metrics::{Metrics, Outcome, OutcomeLabels},
-    writer::{SliceApi, WriteError, write_plan},
+    writer::{WriteApi, WriteError, write_plan},
 };
 
 /// How soon a Service is looked at again when the cache has not caught up with our writes.
@@ -42,7 +42,7 @@ pub struct Shared<W> {
     /// The writer.
     pub api: W,
     /// Events for unusable workload data.
-    pub diagnostics: Option<Diagnostics>,
+    pub diagnostics: Diagnostics,
     /// Metrics.
     pub metrics: Metrics,
     /// How long a Service may wait on a cache that never catches up before the tracker's
@@ -54,7 +54,7 @@ pub struct Shared<W> {
 /// the caches, and [`reconcile`] of one Service.
 pub struct SliceReconciler<W>(pub Arc<Shared<W>>);
 
-impl<W: SliceApi> leadership::Reconciler for SliceReconciler<W> {
+impl<W: WriteApi> leadership::Reconciler for SliceReconciler<W> {
     type Key = ServiceKey;
     type TermState = TermState;
     type Error = ReconcileError;
@@ -85,7 +85,7 @@ pub enum ReconcileError {
 }
 
 /// Reconciles the Service `key` within the term of `context`.
-pub async fn reconcile<W: SliceApi>(
+pub async fn reconcile<W: WriteApi>(
     key: ServiceKey,
     context: TermContext<ServiceKey, TermState>,
     shared: Arc<Shared<W>>,
@@ -123,7 +123,7 @@ enum ReconcileOutcome {
     Conflict,
 }
 
-async fn reconcile_inner<W: SliceApi>(
+async fn reconcile_inner<W: WriteApi>(
     key: &ServiceKey,
     context: &TermContext<ServiceKey, TermState>,
     shared: &Shared<W>,
@@ -165,17 +165,17 @@ async fn reconcile_inner<W: SliceApi>(
     let now = Time(Timestamp::now());
     let plan = plan_cached(&service, &workloads, &existing, &shared.config, &now);
 
-    if let Some(diagnostics) = &shared.diagnostics {
-        diagnostics
-            .report(
-                &service,
-                key,
-                &plan.diagnostics,
-                context.fence(),
-                &shared.metrics,
-            )
-            .await;
-    }
+    shared
+        .diagnostics
+        .report(
+            &shared.api,
+            &service,
+            key,
+            &plan.diagnostics,
+            context.fence(),
+            &shared.metrics,
+        )
+        .await;
     if plan.is_empty() {
         tracing::debug!("slices up to date");
         return Ok(ReconcileOutcome::Done);

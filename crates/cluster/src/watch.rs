@@ -25,8 +25,8 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use slices::{CachedService, CachedSlice, CachedWorkload};
 
 use crate::{
-    cache::{Cache, Cached, Change},
     intern::Interner,
+    store::{Cached, Change, Store},
 };
 
 /// An API kind and its cached form.
@@ -102,7 +102,7 @@ pub struct WatchCounters {
 pub async fn run<K, D>(
     api: Api<K>,
     config: watcher::Config,
-    cache: Arc<Cache<K::Cached>>,
+    cache: Arc<Store<K::Cached>>,
     interner: Arc<Interner>,
     mut dispatch: D,
     on_synced: impl FnOnce(),
@@ -113,7 +113,6 @@ pub async fn run<K, D>(
     K::DynamicType: Default,
     D: FnMut(Change<K::Cached>),
 {
-    let kind = K::kind(&K::DynamicType::default()).to_string();
     let mut on_synced = Some(on_synced);
     let mut streaming = true;
     loop {
@@ -137,11 +136,11 @@ pub async fn run<K, D>(
                 Some(Err(error)) => {
                     counters.errors.inc();
                     if streaming && !listed_once && streaming_list_refused(&error) {
-                        tracing::info!(%kind, %error, "streaming list refused; using paged lists");
+                        tracing::info!(%error, "streaming list refused; using paged lists");
                         streaming = false;
                         break;
                     }
-                    tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
+                    tracing::warn!(%error, "watch failed; retrying with backoff");
                     continue;
                 }
             };
@@ -164,19 +163,19 @@ pub async fn run<K, D>(
                 watcher::Event::InitDone => {
                     listed_once = true;
                     let relist = listing.take().unwrap_or_else(|| cache.relist());
-                    let count = relist.len();
+                    let count = relist.listed();
                     for change in cache.finish_relist(relist) {
                         dispatch(change);
                     }
-                    tracing::debug!(%kind, objects = count, streaming, "list complete");
+                    tracing::debug!(objects = count, streaming, "list complete");
                     match on_synced.take() {
                         Some(on_synced) => {
-                            tracing::info!(%kind, objects = count, streaming, "cache synced");
+                            tracing::info!(objects = count, streaming, "cache synced");
                             on_synced();
                         }
                         None => {
                             counters.relists.inc();
-                            tracing::info!(%kind, objects = count, streaming, "re-listed");
+                            tracing::info!(objects = count, streaming, "re-listed");
                         }
                     }
                 }

@@ -1,4 +1,5 @@
 //! The fenced writer: sends a plan's writes, checking the fence immediately before each call.
+//! Everything the controller writes to the API (slices and Events) goes through [`WriteApi`].
 //!
 //! Order: creates, then updates, then deletes, so endpoints are never missing between two calls;
 //! no delete once a create or update of the same pass failed; NotFound on delete is success.
@@ -7,10 +8,12 @@
 
 use std::future::Future;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client,
     api::{DeleteParams, PostParams},
+    runtime::events::{Event, Recorder, Reporter},
 };
 use leadership::{Fence, Fenced};
 use parking_lot::Mutex;
@@ -18,9 +21,9 @@ use slices::{ServiceKey, SlicePlan, Tracker, Write};
 
 use crate::metrics::{Metrics, Operation};
 
-/// The API calls the writer makes. The Kubernetes implementation is [`KubeSlices`]; tests
-/// substitute one that injects faults at exact points.
-pub trait SliceApi: Send + Sync + 'static {
+/// The API calls the controller writes with. The Kubernetes implementation is [`KubeWrites`];
+/// tests substitute one that records calls and injects faults at exact points.
+pub trait WriteApi: Send + Sync + 'static {
     /// Creates `slice` (which has a generateName) in `namespace`.
     fn create(
         &self,
@@ -40,12 +43,19 @@ pub trait SliceApi: Send + Sync + 'static {
         name: &str,
         uid: Option<&str>,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Publishes `event` about the object `regarding`.
+    fn publish_event(
+        &self,
+        event: &Event,
+        regarding: &ObjectReference,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 }
 
-/// [`SliceApi`] through the Kubernetes API.
+/// [`WriteApi`] through the Kubernetes API.
 #[derive(Clone)]
-pub struct KubeSlices {
+pub struct KubeWrites {
     client: Client,
+    events: Recorder,
 }
 
 /// Why a pass of writes stopped.
@@ -84,12 +94,15 @@ pub struct Written {
     pub deleted: usize,
 }
 
-// === impl KubeSlices ===
+// === impl KubeWrites ===
 
-impl KubeSlices {
-    /// Writes through `client`.
-    pub fn new(client: Client) -> Self {
-        Self { client }
+impl KubeWrites {
+    /// Writes through `client`; Events name `reporter` as their source.
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            events: Recorder::new(client.clone(), reporter),
+            client,
+        }
     }
 
     fn api(&self, namespace: &str) -> Api<EndpointSlice> {
@@ -97,7 +110,7 @@ impl KubeSlices {
     }
 }
 
-impl SliceApi for KubeSlices {
+impl WriteApi for KubeWrites {
     async fn create(
         &self,
         namespace: &str,
@@ -134,6 +147,14 @@ impl SliceApi for KubeSlices {
         };
         self.api(namespace).delete(name, &params).await.map(|_| ())
     }
+
+    async fn publish_event(
+        &self,
+        event: &Event,
+        regarding: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        self.events.publish(event, regarding).await
+    }
 }
 
 // === impl WriteError ===
@@ -153,7 +174,7 @@ impl WriteError {
 ///
 /// Returns the first error after sending every create and update it could; deletes are skipped
 /// once anything failed. A fenced write stops the pass at once.
-pub async fn write_plan<W: SliceApi>(
+pub async fn write_plan<W: WriteApi>(
     api: &W,
     key: &ServiceKey,
     plan: &SlicePlan,
@@ -214,7 +235,7 @@ pub async fn write_plan<W: SliceApi>(
 }
 
 /// Deletes `slice` (only that object, by UID); gone already counts as deleted.
-async fn delete<W: SliceApi>(
+async fn delete<W: WriteApi>(
     api: &W,
     key: &ServiceKey,
     slice: &EndpointSlice,
@@ -257,31 +278,17 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
 
 #[cfg(test)]
 mod tests {
-    //! The write path against a fake [`SliceApi`] that fails or ends the term at exact calls.
+    //! The write path against a fake [`WriteApi`] that fails or ends the term at exact calls.
     #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-    use std::collections::HashMap;
-
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use kube::core::Status;
-    use leadership::{FenceMetrics, LeadershipSender, Term, fixed_leadership};
     use prometheus_client::registry::Registry;
     use slices::{CachedSlice, SERVICE_NAME_LABEL};
-    use tokio::time::Instant;
 
     use super::*;
+    use crate::fake::{FakeApi, TestTerm};
 
     const NAMESPACE: &str = "ns";
-
-    /// Records every call as `"create <generateName>"`, `"replace <name>"` or `"delete <name>"`;
-    /// answers a call listed in `failures` with that HTTP status, and after `end_term_after`
-    /// calls ends the term (as a lost lease would, between two calls of one pass).
-    #[derive(Default)]
-    struct FakeSlices {
-        calls: Mutex<Vec<String>>,
-        failures: HashMap<String, u16>,
-        end_term_after: Option<(usize, LeadershipSender)>,
-    }
 
     fn slice(name: &str, generate_name: bool) -> EndpointSlice {
         let mut metadata = ObjectMeta {
@@ -315,118 +322,32 @@ mod tests {
         }
     }
 
-    fn failing(calls: &[(&str, u16)]) -> FakeSlices {
-        FakeSlices {
-            failures: calls
-                .iter()
-                .map(|(call, code)| ((*call).into(), *code))
-                .collect(),
-            ..FakeSlices::default()
-        }
-    }
-
-    fn status(code: u16) -> kube::Error {
-        kube::Error::Api(
-            Status::failure("injected", "Injected")
-                .with_code(code)
-                .boxed(),
-        )
-    }
-
-    /// The parts one pass needs: a fence of a term that lasts, a tracker, metrics.
+    /// The parts one pass needs: a term that lasts until a test ends it, a tracker, metrics.
     struct Pass {
-        fence: Fence,
-        sender: LeadershipSender,
+        term: TestTerm,
         tracker: Mutex<Tracker>,
         metrics: Metrics,
     }
 
     impl Pass {
         fn new() -> Self {
-            let term = Term::new(Instant::now(), std::time::Duration::from_secs(3600));
-            let (sender, leadership) = fixed_leadership(term.clone());
-            let fence = Fence::new(
-                term,
-                leadership,
-                std::time::Duration::ZERO,
-                FenceMetrics::default(),
-            );
             Self {
-                fence,
-                sender,
+                term: TestTerm::new(),
                 tracker: Mutex::new(Tracker::new()),
                 metrics: Metrics::register(&mut Registry::default()),
             }
         }
 
-        async fn write(&self, api: &FakeSlices, plan: &SlicePlan) -> Result<Written, WriteError> {
+        async fn write(&self, api: &FakeApi, plan: &SlicePlan) -> Result<Written, WriteError> {
             let key = ServiceKey::new(NAMESPACE, "web");
-            write_plan(api, &key, plan, &self.fence, &self.tracker, &self.metrics).await
-        }
-    }
-
-    impl FakeSlices {
-        fn calls(&self) -> Vec<String> {
-            self.calls.lock().clone()
-        }
-
-        fn answer(&self, call: String) -> Result<(), kube::Error> {
-            let failure = self.failures.get(&call).copied();
-            let count = {
-                let mut calls = self.calls.lock();
-                calls.push(call);
-                calls.len()
-            };
-            if let Some((after, sender)) = &self.end_term_after
-                && count == *after
-            {
-                sender.send_replace(None);
-            }
-            failure.map_or(Ok(()), |code| Err(status(code)))
-        }
-    }
-
-    impl SliceApi for FakeSlices {
-        async fn create(
-            &self,
-            _namespace: &str,
-            slice: &EndpointSlice,
-        ) -> Result<EndpointSlice, kube::Error> {
-            let prefix = slice.metadata.generate_name.clone().unwrap_or_default();
-            self.answer(format!("create {prefix}"))?;
-            let mut created = slice.clone();
-            created.metadata.name = Some(format!("{prefix}x1"));
-            created.metadata.generation = Some(1);
-            created.metadata.resource_version = Some("1".into());
-            Ok(created)
-        }
-
-        async fn replace(
-            &self,
-            _namespace: &str,
-            slice: &EndpointSlice,
-        ) -> Result<EndpointSlice, kube::Error> {
-            self.answer(format!("replace {}", slice_name(slice)))?;
-            let mut updated = slice.clone();
-            updated.metadata.generation = Some(2);
-            updated.metadata.resource_version = Some("2".into());
-            Ok(updated)
-        }
-
-        async fn delete(
-            &self,
-            _namespace: &str,
-            name: &str,
-            uid: Option<&str>,
-        ) -> Result<(), kube::Error> {
-            assert_eq!(uid, Some(format!("uid-{name}").as_str()), "delete by UID");
-            self.answer(format!("delete {name}"))
+            let fence = &self.term.fence;
+            write_plan(api, &key, plan, fence, &self.tracker, &self.metrics).await
         }
     }
 
     #[tokio::test]
     async fn writes_creates_then_updates_then_deletes_and_records_each() {
-        let api = FakeSlices::default();
+        let api = FakeApi::default();
         let pass = Pass::new();
         let plan = plan(&["web-"], &["web-a"], &["web-b"]);
         let written = pass.write(&api, &plan).await.unwrap();
@@ -455,7 +376,7 @@ mod tests {
 
     #[tokio::test]
     async fn failed_create_sends_the_updates_but_no_delete() {
-        let api = failing(&[("create web-", 500)]);
+        let api = FakeApi::failing(&[("create web-", 500)]);
         let pass = Pass::new();
         let plan = plan(&["web-"], &["web-a"], &["web-b", "web-c"]);
         let error = pass.write(&api, &plan).await.unwrap_err();
@@ -465,7 +386,7 @@ mod tests {
 
     #[tokio::test]
     async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
-        let api = failing(&[("replace web-a", 409)]);
+        let api = FakeApi::failing(&[("replace web-a", 409)]);
         let pass = Pass::new();
         let plan = plan(&[], &["web-a", "web-b"], &["web-c"]);
         let error = pass.write(&api, &plan).await.unwrap_err();
@@ -475,7 +396,7 @@ mod tests {
 
     #[tokio::test]
     async fn delete_answered_not_found_or_conflict_counts_as_deleted() {
-        let api = failing(&[("delete web-a", 404), ("delete web-b", 409)]);
+        let api = FakeApi::failing(&[("delete web-a", 404), ("delete web-b", 409)]);
         let pass = Pass::new();
         let written = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
         assert_eq!(written.unwrap().deleted, 2);
@@ -486,7 +407,7 @@ mod tests {
 
     #[tokio::test]
     async fn failed_delete_stops_the_pass() {
-        let api = failing(&[("delete web-a", 500)]);
+        let api = FakeApi::failing(&[("delete web-a", 500)]);
         let pass = Pass::new();
         let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
         assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
@@ -502,10 +423,7 @@ mod tests {
     #[tokio::test]
     async fn term_ending_mid_pass_fences_every_later_call() {
         let pass = Pass::new();
-        let api = FakeSlices {
-            end_term_after: Some((1, pass.sender.clone())),
-            ..FakeSlices::default()
-        };
+        let api = FakeApi::ending_term_after(1, &pass.term);
         let plan = plan(&["web-"], &["web-a"], &["web-b"]);
         let error = pass.write(&api, &plan).await.unwrap_err();
         assert!(

@@ -3,7 +3,7 @@
 //! Invalid values are rejected here, before anything touches the cluster, with a one-line
 //! message and exit code 2 (clap's usage-error code).
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, num::NonZeroU16, path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum, error::ErrorKind};
 use leadership::{ConfigError, LeaseConfig, LeaseTimings};
@@ -53,8 +53,8 @@ pub struct Args {
     pub retry_period: Duration,
 
     /// Number of Services reconciled concurrently.
-    #[arg(long, env = "WORKERS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), allow_negative_numbers = true)]
-    pub workers: u16,
+    #[arg(long, env = "WORKERS", default_value = "4", value_parser = parse_workers, allow_negative_numbers = true)]
+    pub workers: NonZeroU16,
 
     /// Maximum endpoints in one EndpointSlice (1..=1000).
     #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
@@ -210,6 +210,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (expected a duration such as 15s, 500ms or 10m)"))
 }
 
+/// Most workers accepted: more would only queue on the API server's connection limit.
+const MAX_WORKERS: u16 = 256;
+
+fn parse_workers(text: &str) -> Result<NonZeroU16, String> {
+    match text.trim().parse::<u16>() {
+        Ok(n @ 1..=MAX_WORKERS) => NonZeroU16::new(n).ok_or_else(|| "cannot be 0".into()),
+        _ => Err(format!(
+            "expected a number of workers from 1 to {MAX_WORKERS}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,7 +238,7 @@ mod tests {
         assert_eq!(args.lease_duration, Duration::from_secs(15));
         assert_eq!(args.renew_deadline, Duration::from_secs(10));
         assert_eq!(args.retry_period, Duration::from_secs(2));
-        assert_eq!(args.workers, 4);
+        assert_eq!(args.workers.get(), 4);
         assert_eq!(args.max_endpoints_per_slice, 100);
         assert_eq!(args.managed_by, "linkerd-external-workloads-controller");
         assert_eq!(args.slice_prefix, "linkerd-external-");

@@ -68,7 +68,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
         slices: settings.slices.clone(),
         lease: settings.lease.clone(),
         runtime: RuntimeConfig {
-            workers: usize::from(args.workers),
+            workers: args.workers.into(),
             drain_timeout: args.drain_timeout,
             // Stop writing half a retry period before the renew deadline would end the term.
             fence_margin: args.retry_period / 2,

@@ -23,8 +23,14 @@ pub enum Family {
     V6,
 }
 
-/// One slice port in comparable form: (name, number, protocol).
-pub(crate) type PortKey = (String, i32, String);
+/// One slice port in comparable form. Ordered by name, then number, then protocol: a group's
+/// port list is sorted, so two slices with the same ports in another order are one group.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct PortKey {
+    pub(crate) name: String,
+    pub(crate) port: i32,
+    pub(crate) protocol: String,
+}
 
 /// Slices are grouped by family and resolved port list (sorted).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -68,8 +74,14 @@ pub(crate) struct Addresses {
     rest: Vec<IpAddr>,
 }
 
-/// A resolved port borrowing the Service port's name and protocol.
-type PortRef<'a> = (&'a str, i32, &'a str);
+/// A resolved port borrowing the Service port's name and protocol; becomes a [`PortKey`] once
+/// per group. Same field order (and so the same sort) as [`PortKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PortRef<'a> {
+    name: &'a str,
+    port: i32,
+    protocol: &'a str,
+}
 
 /// The kind written in endpoint target references.
 pub(crate) const WORKLOAD_KIND: &str = "ExternalWorkload";
@@ -99,12 +111,10 @@ impl Family {
 pub(crate) fn port_keys(ports: &[CachedSlicePort]) -> Vec<PortKey> {
     let mut keys: Vec<PortKey> = ports
         .iter()
-        .map(|p| {
-            (
-                p.name.as_deref().unwrap_or_default().to_owned(),
-                p.port.unwrap_or_default(),
-                p.protocol.as_deref().unwrap_or("TCP").to_owned(),
-            )
+        .map(|p| PortKey {
+            name: p.name.as_deref().unwrap_or_default().to_owned(),
+            port: p.port.unwrap_or_default(),
+            protocol: p.protocol.as_deref().unwrap_or("TCP").to_owned(),
         })
         .collect();
     keys.sort();
@@ -114,10 +124,10 @@ pub(crate) fn port_keys(ports: &[CachedSlicePort]) -> Vec<PortKey> {
 /// The slice ports of a group.
 pub(crate) fn endpoint_ports(keys: &[PortKey]) -> Vec<EndpointPort> {
     keys.iter()
-        .map(|(name, port, protocol)| EndpointPort {
-            name: Some(name.clone()),
-            port: Some(*port),
-            protocol: Some(protocol.clone()),
+        .map(|key| EndpointPort {
+            name: Some(key.name.clone()),
+            port: Some(key.port),
+            protocol: Some(key.protocol.clone()),
             app_protocol: None,
         })
         .collect()
@@ -189,7 +199,11 @@ pub(crate) fn desired<'a>(
     for ((family, list), endpoints) in buckets {
         let ports = port_lists[list]
             .iter()
-            .map(|(name, port, protocol)| ((*name).to_owned(), *port, (*protocol).to_owned()))
+            .map(|port| PortKey {
+                name: port.name.to_owned(),
+                port: port.port,
+                protocol: port.protocol.to_owned(),
+            })
             .collect();
         groups.insert(GroupKey { family, ports }, endpoints);
     }
@@ -274,11 +288,11 @@ fn resolve_ports<'a>(
                 }
             }
         };
-        resolved.push((
-            service_port.name.as_deref().unwrap_or_default(),
-            number,
+        resolved.push(PortRef {
+            name: service_port.name.as_deref().unwrap_or_default(),
+            port: number,
             protocol,
-        ));
+        });
     }
     resolved.sort_unstable();
 }

@@ -14,7 +14,7 @@
 //! workloads ─┼─► plan_slices ──► SlicePlan { creates, updates, deletes, diagnostics }
 //! existing slices ─┘      ▲
 //!                  Tracker::check (cache fresh enough to plan on?)
-//! watch events ──► keys::{for_service, for_workload, for_slice} ──► ServiceKey
+//! watch events ──► affected::{for_service, for_workload, for_slice} ──► ServiceKey
 //! ```
 //!
 //! Guarantees:
@@ -28,15 +28,15 @@
 //!   recognises our writes when they come back through the watch.
 #![deny(missing_docs)]
 
+pub mod affected;
 mod config;
 mod desired;
 mod diagnostic;
-mod key;
-pub mod keys;
 mod labels;
 mod model;
 mod pack;
 mod plan;
+mod service_key;
 mod text;
 mod tracker;
 
@@ -48,7 +48,6 @@ pub use config::{
 };
 pub use desired::Family;
 pub use diagnostic::{Diagnostic, Problem, ProblemKind};
-pub use key::ServiceKey;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
     selects,
@@ -59,5 +58,6 @@ pub use model::{
     TargetPort, WorkloadAddress,
 };
 pub use plan::{SlicePlan, Write, plan_cached, plan_slices};
+pub use service_key::ServiceKey;
 pub use text::{Intern, Labels, NoIntern, Text, Token};
 pub use tracker::{Freshness, StaleReason, Tracker};

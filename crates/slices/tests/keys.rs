@@ -4,7 +4,7 @@
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use slices::keys::{for_service, for_slice, for_workload};
+use slices::affected::{for_service, for_slice, for_workload};
 use slices::testing::{SliceStore, Svc, Workload, time};
 use slices::{
     CachedService, CachedSlice, CachedWorkload, Config, DEFAULT_NAME_PREFIX, SERVICE_NAME_LABEL,

@@ -1,18 +1,18 @@
 //! Bytes per cached object, by kind: this process lists every object of a kind from the API
 //! (500 per page, as the controller's paged lists do), puts each through the controller's own
-//! projection into the controller's own caches (`cluster::caches::Caches`, string pool
-//! included), and reads its resident memory (`VmRSS`) before and after each kind.
+//! projection into the controller's own caches (`cluster::measure::StandaloneCaches`, string
+//! pool included), and reads its resident memory (`VmRSS`) before and after each kind.
 //!
 //! RSS rather than a heap count: it includes malloc's per-allocation overhead, as the
 //! controller's RSS does. A first list of every kind, dropped at once, warms the allocator so
 //! that the list buffers are not counted as cache.
 //!
-//! Then a re-list of every kind through the same caches (`Cache::relist`, as the watch does
+//! Then a re-list of every kind through the same caches (`StandaloneCaches::relist`, as the watch does
 //! after an expired watch): the peak RSS during it (`VmHWM`, reset first through
 //! `/proc/self/clear_refs`) against the RSS before it.
 
 use api::v1beta1::ExternalWorkload;
-use cluster::{caches::Caches, watch::Project};
+use cluster::measure::{Kind, StandaloneCaches};
 use k8s_openapi::{
     api::{core::v1::Service, discovery::v1::EndpointSlice},
     serde::de::DeserializeOwned,
@@ -74,23 +74,18 @@ fn rss() -> u64 {
 }
 
 /// Re-lists one kind into its cache, as the watch does.
-async fn relist<K>(
-    client: &Client,
-    selector: Option<&str>,
-    cache: &cluster::cache::Cache<K::Cached>,
-    caches: &Caches,
-) where
-    K: Project + Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+async fn relist<K>(client: &Client, selector: Option<&str>, caches: &StandaloneCaches)
+where
+    K: Kind
+        + Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let mut relist = cache.relist();
-    list_each::<K>(client, selector, |object| {
-        let projected = object.project(&caches.interner);
-        drop(object);
-        drop(cache.relist_apply(&mut relist, projected));
-    })
-    .await;
-    drop(cache.finish_relist(relist));
+    let mut relist = caches.relist::<K>();
+    list_each::<K>(client, selector, |object| relist.apply(object)).await;
+    relist.finish();
 }
 
 /// Builds the caches from the API and measures them.
@@ -101,35 +96,26 @@ pub async fn measure(client: &Client, started: Instant) -> Footprint {
     list_each::<ExternalWorkload>(client, None, drop).await;
     list_each::<EndpointSlice>(client, Some(&selector), drop).await;
 
-    let caches = Caches::new();
+    let caches = StandaloneCaches::new();
     let mut kinds = Vec::new();
     let before = rss();
-    let count = list_each::<Service>(client, None, |s| {
-        caches.services.apply(s.project(&caches.interner));
-    })
-    .await;
+    let count = list_each::<Service>(client, None, |s| caches.apply(s)).await;
     let after = rss();
     kinds.push(("Service", count, after.saturating_sub(before)));
     let before = after;
-    let count = list_each::<ExternalWorkload>(client, None, |w| {
-        caches.workloads.apply(w.project(&caches.interner));
-    })
-    .await;
+    let count = list_each::<ExternalWorkload>(client, None, |w| caches.apply(w)).await;
     let after = rss();
     kinds.push(("ExternalWorkload", count, after.saturating_sub(before)));
     let before = after;
-    let count = list_each::<EndpointSlice>(client, Some(&selector), |s| {
-        caches.slices.apply(s.project(&caches.interner));
-    })
-    .await;
+    let count = list_each::<EndpointSlice>(client, Some(&selector), |s| caches.apply(s)).await;
     let after = rss();
     kinds.push(("EndpointSlice", count, after.saturating_sub(before)));
     // A re-list of everything; the peak is reset first (Linux: "5" resets VmHWM).
     let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
     let before = rss();
-    relist::<Service>(client, None, &caches.services, &caches).await;
-    relist::<ExternalWorkload>(client, None, &caches.workloads, &caches).await;
-    relist::<EndpointSlice>(client, Some(&selector), &caches.slices, &caches).await;
+    relist::<Service>(client, None, &caches).await;
+    relist::<ExternalWorkload>(client, None, &caches).await;
+    relist::<EndpointSlice>(client, Some(&selector), &caches).await;
     let peak = if reset { status_field("VmHWM:") } else { 0 };
     progress(
         started,
@@ -141,7 +127,7 @@ pub async fn measure(client: &Client, started: Instant) -> Footprint {
     );
     let footprint = Footprint {
         kinds,
-        pooled: caches.interner.len(),
+        pooled: caches.pooled_strings(),
         relist: (before, peak),
     };
     progress(

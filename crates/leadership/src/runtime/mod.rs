@@ -9,7 +9,7 @@
 #[cfg(test)]
 mod tests;
 
-use std::{fmt::Display, future::Future, sync::Arc, time::Duration};
+use std::{fmt::Display, future::Future, num::NonZeroUsize, sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};
 use tokio::{
@@ -40,7 +40,7 @@ pub enum Action {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeConfig {
     /// Concurrent reconciles (distinct keys).
-    pub workers: usize,
+    pub workers: NonZeroUsize,
     /// How long shutdown waits for queued and in-flight work before releasing the lease anyway.
     pub drain_timeout: Duration,
     /// Safety margin of the fence: writes stop this long before RenewDeadline would end the term.
@@ -110,7 +110,7 @@ pub struct Runtime<K, S, E> {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
-            workers: 4,
+            workers: NonZeroUsize::MIN.saturating_add(3), // 4
             drain_timeout: Duration::from_secs(10),
             fence_margin: Duration::from_secs(1),
             resync_period: Some(Duration::from_secs(600)),
@@ -317,7 +317,7 @@ where
 
     fn spawn_workers(&self) -> JoinSet<()> {
         let mut workers = JoinSet::new();
-        for _ in 0..self.config.workers.max(1) {
+        for _ in 0..self.config.workers.get() {
             let worker = Worker {
                 queue: self.queue.clone(),
                 gate: self.gate.clone(),

@@ -232,7 +232,7 @@ async fn shutdown_drains_queued_and_in_flight_work_then_releases_the_lease() {
     type Done = Vec<(u32, Option<String>, Result<(), Fenced>)>;
     let done: Arc<Mutex<Done>> = Arc::default();
     let config = RuntimeConfig {
-        workers: 1,
+        workers: std::num::NonZeroUsize::MIN,
         drain_timeout: Duration::from_secs(60),
         ..RuntimeConfig::default()
     };

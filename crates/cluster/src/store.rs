@@ -1,4 +1,5 @@
-//! Warm caches of watched objects, kept on every replica at all times.
+//! The indexed store of one watched kind ([`Store`]); the controller's three stores together
+//! are [`crate::caches::Caches`]. Kept on every replica at all times.
 //!
 //! Objects are indexed by namespace, then by a group (the `kubernetes.io/service-name` label for
 //! slices, nothing for the other kinds), then by name, so that a reconcile reads only what its
@@ -44,7 +45,7 @@ pub struct Change<K> {
     pub new: Option<Arc<K>>,
 }
 
-/// A re-list in progress (see [`Cache::relist`]).
+/// A re-list in progress (see [`Store::relist`]).
 pub struct Relist {
     /// `(namespace, name)` of every listed object, to find what the list no longer holds;
     /// `None` when the cache was empty at the start (nothing can be missing).
@@ -54,18 +55,14 @@ pub struct Relist {
 
 impl Relist {
     /// Objects listed so far.
-    pub fn len(&self) -> usize {
+    pub fn listed(&self) -> usize {
         self.listed
-    }
-
-    /// Whether nothing was listed yet.
-    pub fn is_empty(&self) -> bool {
-        self.listed == 0
     }
 }
 
-/// A namespaced cache with a per-namespace group index.
-pub struct Cache<K> {
+/// The store of one kind: namespaced, with a per-namespace group index and an optional label
+/// index.
+pub struct Store<K> {
     index: Index<K>,
     inner: RwLock<Namespaces<K>>,
 }
@@ -130,9 +127,9 @@ impl Cached for CachedSlice {
     }
 }
 
-// === impl Cache ===
+// === impl Store ===
 
-impl<K: Cached> Cache<K> {
+impl<K: Cached> Store<K> {
     /// A cache whose objects all share one group per namespace.
     pub fn new() -> Self {
         Self::grouped(|_| None)
@@ -153,7 +150,7 @@ impl<K: Cached> Cache<K> {
         }
     }
 
-    /// Also indexes objects by the label pairs `pairs_of` gives, for [`Cache::with_label`].
+    /// Also indexes objects by the label pairs `pairs_of` gives, for [`Store::with_label`].
     #[must_use]
     pub fn label_indexed(mut self, pairs_of: PairsOf<K>) -> Self {
         self.index.pairs_of = Some(pairs_of);
@@ -176,20 +173,6 @@ impl<K: Cached> Cache<K> {
     /// The object `namespace/name`, if cached.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
         self.inner.read().namespaces.get(namespace)?.get(name)
-    }
-
-    /// Every cached object of a namespace, sorted by group then name.
-    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<K>> {
-        let inner = self.inner.read();
-        let Some(ns) = inner.namespaces.get(namespace) else {
-            return Vec::new();
-        };
-        let mut groups: Vec<_> = ns.groups.iter().collect();
-        groups.sort_by(|a, b| a.0.cmp(b.0));
-        groups
-            .into_iter()
-            .flat_map(|(_, objects)| objects.values().cloned())
-            .collect()
     }
 
     /// The cached objects of one group of a namespace, sorted by name.
@@ -246,8 +229,8 @@ impl<K: Cached> Cache<K> {
     }
 
     /// Starts a re-list. Listed objects go into the cache one by one as they arrive
-    /// ([`Cache::relist_apply`]), so a re-list never holds a second copy of the content;
-    /// [`Cache::finish_relist`] then removes what the list did not hold. Until then the cache
+    /// ([`Store::relist_apply`]), so a re-list never holds a second copy of the content;
+    /// [`Store::finish_relist`] then removes what the list did not hold. Until then the cache
     /// mixes listed objects with older ones, as it would while a watch catches up.
     pub fn relist(&self) -> Relist {
         Relist {
@@ -307,22 +290,9 @@ impl<K: Cached> Cache<K> {
             })
             .collect()
     }
-
-    /// Replaces the whole content with `objects` (a re-list in one call), returning the changes
-    /// it amounts to: adds and updates for listed objects (unchanged ones, by resourceVersion,
-    /// are left out) and deletes for cached objects that the list no longer holds.
-    pub fn replace(&self, objects: Vec<K>) -> Vec<Change<K>> {
-        let mut relist = self.relist();
-        let mut changes: Vec<Change<K>> = objects
-            .into_iter()
-            .filter_map(|object| self.relist_apply(&mut relist, object))
-            .collect();
-        changes.extend(self.finish_relist(relist));
-        changes
-    }
 }
 
-impl<K: Cached> Default for Cache<K> {
+impl<K: Cached> Default for Store<K> {
     fn default() -> Self {
         Self::new()
     }
@@ -414,6 +384,17 @@ mod tests {
         })
     }
 
+    /// A re-list in one call: the changes it amounts to.
+    fn replace<K: Cached>(store: &Store<K>, objects: Vec<K>) -> Vec<Change<K>> {
+        let mut relist = store.relist();
+        let mut changes: Vec<Change<K>> = objects
+            .into_iter()
+            .filter_map(|object| store.relist_apply(&mut relist, object))
+            .collect();
+        changes.extend(store.finish_relist(relist));
+        changes
+    }
+
     fn by_service(slice: &CachedSlice) -> Option<Text> {
         slice
             .labels
@@ -424,7 +405,7 @@ mod tests {
 
     #[test]
     fn apply_moves_an_object_between_groups_when_its_label_changes() {
-        let cache = Cache::grouped(by_service);
+        let cache = Store::grouped(by_service);
         assert!(cache.apply(slice("s1", "web", "1")).old.is_none());
         let change = cache.apply(slice("s1", "api", "2"));
         assert_eq!(
@@ -437,16 +418,19 @@ mod tests {
     }
 
     #[test]
-    fn replace_reports_adds_updates_and_deletes_but_not_unchanged_objects() {
-        let cache = Cache::grouped(by_service);
+    fn relist_reports_adds_updates_and_deletes_but_not_unchanged_objects() {
+        let cache = Store::grouped(by_service);
         cache.apply(slice("kept", "web", "1"));
         cache.apply(slice("changed", "web", "1"));
         cache.apply(slice("gone", "web", "1"));
-        let changes = cache.replace(vec![
-            slice("kept", "web", "1"),
-            slice("changed", "web", "2"),
-            slice("added", "web", "1"),
-        ]);
+        let changes = replace(
+            &cache,
+            vec![
+                slice("kept", "web", "1"),
+                slice("changed", "web", "2"),
+                slice("added", "web", "1"),
+            ],
+        );
         let mut summary: Vec<_> = changes
             .iter()
             .map(|c| {
@@ -476,7 +460,7 @@ mod tests {
 
     #[test]
     fn label_index_follows_label_changes_and_deletes() {
-        let cache = Cache::new().label_indexed(label_pairs);
+        let cache = Store::new().label_indexed(label_pairs);
         let web: LabelPair = ("kubernetes.io/service-name".into(), "web".into());
         let api: LabelPair = ("kubernetes.io/service-name".into(), "api".into());
         cache.apply(slice("s1", "web", "1"));
@@ -492,7 +476,7 @@ mod tests {
 
     #[test]
     fn delete_of_an_unknown_object_still_reports_it() {
-        let cache: Cache<CachedSlice> = Cache::grouped(by_service);
+        let cache: Store<CachedSlice> = Store::grouped(by_service);
         let change = cache.delete(slice("x", "web", "5"));
         assert!(change.old.is_some() && change.new.is_none());
         assert!(cache.is_empty());

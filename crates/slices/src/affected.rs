@@ -1,4 +1,4 @@
-//! Watch events → the Services to plan again (docs/slices.md, "Events → Service keys"). Pure
+//! The Services a watch event affects (docs/slices.md, "Events → Service keys"). Pure
 //! functions over the event's objects and the cache.
 
 use std::collections::BTreeSet;
