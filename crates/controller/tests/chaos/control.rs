@@ -537,13 +537,14 @@ async fn relist_counts(replica: &Replica, kinds: &[&str]) -> Vec<f64> {
     counts
 }
 
-/// How many objects the replica's last re-list of `kind` put in its cache (its log).
+/// How many objects the replica's last re-list of `kind` put in its cache (its log; the kind is
+/// a field of the watch's span).
 fn relisted_objects(replica: &Replica, kind: &str) -> Option<u64> {
     replica
         .log()
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|entry| entry["message"] == "re-listed" && entry["kind"] == kind)
+        .filter(|entry| entry["message"] == "re-listed" && entry["span"]["kind"] == kind)
         .filter_map(|entry| entry["objects"].as_u64())
         .next_back()
 }
