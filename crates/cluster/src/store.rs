@@ -91,41 +91,25 @@ struct Namespace<K> {
 
 // === impl Cached ===
 
-impl Cached for CachedService {
-    fn namespace(&self) -> &Text {
-        &self.namespace
-    }
-    fn name(&self) -> &Text {
-        &self.name
-    }
-    fn resource_version(&self) -> Option<&Token> {
-        self.resource_version.as_ref()
-    }
+/// The three cached forms carry their namespace, name and resourceVersion in fields of those
+/// names.
+macro_rules! impl_cached {
+    ($($cached:ty),*) => {$(
+        impl Cached for $cached {
+            fn namespace(&self) -> &Text {
+                &self.namespace
+            }
+            fn name(&self) -> &Text {
+                &self.name
+            }
+            fn resource_version(&self) -> Option<&Token> {
+                self.resource_version.as_ref()
+            }
+        }
+    )*};
 }
 
-impl Cached for CachedWorkload {
-    fn namespace(&self) -> &Text {
-        &self.namespace
-    }
-    fn name(&self) -> &Text {
-        &self.name
-    }
-    fn resource_version(&self) -> Option<&Token> {
-        self.resource_version.as_ref()
-    }
-}
-
-impl Cached for CachedSlice {
-    fn namespace(&self) -> &Text {
-        &self.namespace
-    }
-    fn name(&self) -> &Text {
-        &self.name
-    }
-    fn resource_version(&self) -> Option<&Token> {
-        self.resource_version.as_ref()
-    }
-}
+impl_cached!(CachedService, CachedWorkload, CachedSlice);
 
 // === impl Store ===
 
