@@ -13,32 +13,24 @@
 //! `CHAOS_SEED` (replays a run: the same faults and client changes; printed at the start).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
-#[path = "../tests/chaos/control.rs"]
-mod control;
-#[path = "../tests/chaos/faults.rs"]
-mod faults;
-#[path = "../tests/chaos/network.rs"]
-mod network;
-#[path = "../tests/support/mod.rs"]
-mod support;
-#[path = "../tests/chaos/world.rs"]
-mod world;
-
 use std::{collections::BTreeMap, time::Duration};
 
 use testbed::Server;
 use tokio::time::Instant;
 
-use control::Stop;
-use support::{
-    Replica,
+use harness::{
+    CONVERGE, Replica,
     chaos::{
-        audit::{LeaderMonitor, WriteAudit},
-        wait_any_leading,
+        audit::{AuditReport, LeaderMonitor, WriteAudit},
+        control::{self, Stop},
+        faults, network, wait_any_leading,
+        world::{Member, World},
     },
     proxy::Mode,
 };
-use world::{Member, World};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// Replicas kept running.
 const REPLICAS: usize = 3;
@@ -118,7 +110,7 @@ async fn run() {
     let _logs = testbed.log_guard();
     eprintln!("soak: two API servers up after {:?}", started.elapsed());
 
-    let mut world = World::new(&testbed, "soak").await;
+    let mut world = World::new(BINARY, &testbed, "soak").await;
     let monitor = LeaderMonitor::start();
     let mut members: Vec<Member> = Vec::new();
     refill(&mut world, &mut members, &monitor).await;
@@ -182,7 +174,7 @@ fn summary(
     started: Instant,
     by_fault: &BTreeMap<String, (usize, Duration, Duration)>,
     world: &World<'_>,
-    report: &support::chaos::audit::AuditReport,
+    report: &AuditReport,
     monitor: &LeaderMonitor,
     longest: (Duration, Option<Fault>),
 ) {
@@ -263,16 +255,12 @@ async fn refill(world: &mut World<'_>, members: &mut Vec<Member>, monitor: &Lead
         monitor.add(&member.replica);
         members.push(member);
         if members.len() == 1 {
-            members[0].replica.wait_leading().await;
+            members[0].replica.wait_leading(CONVERGE).await;
         }
     }
 }
 
-fn audit_now(
-    audit: &WriteAudit,
-    world: &World<'_>,
-    members: &[Member],
-) -> support::chaos::audit::AuditReport {
+fn audit_now(audit: &WriteAudit, world: &World<'_>, members: &[Member]) -> AuditReport {
     let mut replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     replicas.extend(world.retired.iter().map(|m| &m.replica));
     audit.check(&replicas)

@@ -6,13 +6,12 @@
 //! slices for the namespaces of other test binaries.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
-mod support;
-
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
 };
 
+use harness::{CONVERGE, Cluster, LEASE_ARGS, Replica, eventually};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     coordination::v1::Lease,
@@ -30,7 +29,9 @@ use kube::{
 };
 use serde_json::json;
 use slices::testing::{Svc, Workload};
-use support::{CONVERGE, Cluster, LEASE_ARGS, Replica, eventually};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// Namespace and object name the manifests use; rewritten per test where objects are created.
 const DEPLOY_NAME: &str = "external-endpoints";
@@ -392,11 +393,11 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
     .chain(LEASE_ARGS)
     .chain(["--drain-timeout", "5s"])
     .collect();
-    let mut a = Replica::start_with(&kubeconfig, "a", &flags).await;
-    a.wait_leading().await;
-    let b = Replica::start_with(&kubeconfig, "b", &flags).await;
-    a.wait_ready().await;
-    b.wait_ready().await;
+    let mut a = Replica::start_with(BINARY, &kubeconfig, "a", &flags).await;
+    a.wait_leading(CONVERGE).await;
+    let b = Replica::start_with(BINARY, &kubeconfig, "b", &flags).await;
+    a.wait_ready(CONVERGE).await;
+    b.wait_ready(CONVERGE).await;
 
     // Slices and Events in another namespace.
     let cluster = Cluster::new(testbed, "deploy-workloads").await;
@@ -496,7 +497,7 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
     // and keeps the slices current.
     a.terminate();
     assert!(a.wait_exit(CONVERGE).await.success(), "{}", a.log());
-    b.wait_leading().await;
+    b.wait_leading(CONVERGE).await;
     cluster
         .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).not_ready())
         .await;

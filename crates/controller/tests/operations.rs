@@ -3,12 +3,13 @@
 //! leadership and writes.
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
-mod support;
-
+use harness::{CONVERGE, Cluster, Replica, eventually};
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
 use slices::testing::{Svc, Workload};
-use support::{CONVERGE, Cluster, Replica, eventually};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// A Service whose port targets the workloads' port *named* `http`.
 fn web() -> Svc {
@@ -51,8 +52,8 @@ async fn unresolved_named_port_is_reported_once_and_other_workloads_still_publis
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "unresolved-port").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
     assert_eq!(counter(&replica, INVALID_DATA, UNRESOLVED).await, 0.0);
 
     cluster.create_service(web()).await;
@@ -140,9 +141,9 @@ async fn leader_and_standby_are_both_ready_once_synced() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "ready").await;
-    let a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    a.wait_leading().await;
-    let b = Replica::start(testbed, &cluster.namespace, "b", &[]).await;
+    let a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading(CONVERGE).await;
+    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
 
     for replica in [&a, &b] {
         eventually(
@@ -172,9 +173,9 @@ async fn leader_gauge_moves_to_the_standby_on_graceful_hand_over() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "hand-over").await;
-    let mut a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    a.wait_leading().await;
-    let b = Replica::start(testbed, &cluster.namespace, "b", &[]).await;
+    let mut a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading(CONVERGE).await;
+    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
     eventually("b to be a ready standby", CONVERGE, || async {
         match b.get("/ready").await?.0 {
             200 => Ok(()),
@@ -188,7 +189,7 @@ async fn leader_gauge_moves_to_the_standby_on_graceful_hand_over() {
 
     a.terminate();
     assert!(a.wait_exit(CONVERGE).await.success(), "{}", a.log());
-    b.wait_leading().await;
+    b.wait_leading(CONVERGE).await;
     assert_eq!(b.metric(acquired, "").await, Ok(1.0));
     assert!(
         b.metric("external_endpoints_leader_term", "")
@@ -204,8 +205,8 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "write-counters").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
     let writes = "external_endpoints_slice_writes_total";
     let create = "operation=\"Create\"";
     let update = "operation=\"Update\"";
@@ -334,8 +335,8 @@ async fn non_ip_let_in_by_a_looser_crd_is_skipped_and_reported() {
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "invalid-ip").await;
     loosen_workload_ip_validation(&cluster).await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
 
     cluster.create_service(web()).await;
     cluster
@@ -399,14 +400,14 @@ async fn operations_guide_lists_every_metric_served() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "metric-docs").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
     // The reconcile histogram has no series (and no TYPE line) before the first reconcile.
     cluster.create_service(web()).await;
     let reconciled = "external_endpoints_reconcile_duration_seconds_count";
     let body = eventually("a reconcile", CONVERGE, || async {
         let (_, body) = replica.get("/metrics").await?;
-        match support::sum_metric(&body, reconciled, "") {
+        match harness::sum_metric(&body, reconciled, "") {
             Some(count) if count >= 1.0 => Ok(body),
             other => Err(format!("{reconciled}: {other:?}")),
         }
@@ -457,7 +458,7 @@ async fn replica_that_cannot_sync_is_live_but_not_ready() {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
     );
     std::fs::write(&kubeconfig, text).unwrap();
-    let replica = Replica::start_with(&kubeconfig, "unsynced", &[]).await;
+    let replica = Replica::start_with(BINARY, &kubeconfig, "unsynced", &[]).await;
     // Several scrapes over the watches' first retries: never ready, always live.
     for _ in 0..5 {
         assert_eq!(replica.get("/live").await.unwrap().0, 200);
@@ -485,8 +486,8 @@ async fn workload_name_that_cannot_be_a_hostname_is_published_without_one() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "hostname").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
 
     // A headless Service names its endpoints after the workloads; `db.vm-2` is a valid object
     // name but not a DNS label.

@@ -18,7 +18,7 @@ use super::{
     contender::{Ours, SHORT},
     linkerd,
 };
-use crate::support::{Cluster, eventually};
+use harness::{CONVERGE, Cluster, eventually};
 
 /// A finalizer that holds a deleted workload in its terminating state.
 const HOLD: &str = "external-endpoints.test/hold";
@@ -325,37 +325,33 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(before.len(), 12, "Linkerd's slices: {:?}", before.keys());
 
     let ours = Ours::start(testbed, &cluster.namespace, "ours-adopt", SHORT, false).await;
-    ours.replica.wait_leading().await;
+    ours.replica.wait_leading(CONVERGE).await;
     cluster.wait_converged().await;
     // Every Service has been reconciled by now (the queue is empty and each had its turn).
-    eventually(
-        "every Service reconciled",
-        crate::support::CONVERGE,
-        || async {
-            let reconciled = ours
-                .replica
-                .metric(
-                    "external_endpoints_reconcile_duration_seconds_count",
-                    "outcome=\"Ok\"",
-                )
-                .await?;
-            let depth = ours
-                .replica
-                .metric("external_endpoints_queue_depth", "")
-                .await?;
-            let busy = ours
-                .replica
-                .metric("external_endpoints_queue_in_flight", "")
-                .await?;
-            if reconciled >= all.len() as f64 && depth == 0.0 && busy == 0.0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{reconciled} reconciled, depth {depth}, in flight {busy}"
-                ))
-            }
-        },
-    )
+    eventually("every Service reconciled", CONVERGE, || async {
+        let reconciled = ours
+            .replica
+            .metric(
+                "external_endpoints_reconcile_duration_seconds_count",
+                "outcome=\"Ok\"",
+            )
+            .await?;
+        let depth = ours
+            .replica
+            .metric("external_endpoints_queue_depth", "")
+            .await?;
+        let busy = ours
+            .replica
+            .metric("external_endpoints_queue_in_flight", "")
+            .await?;
+        if reconciled >= all.len() as f64 && depth == 0.0 && busy == 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{reconciled} reconciled, depth {depth}, in flight {busy}"
+            ))
+        }
+    })
     .await;
     let after = slices_by_name(&cluster).await;
 

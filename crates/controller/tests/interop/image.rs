@@ -22,7 +22,7 @@ use slices::testing::{Svc, Workload};
 use tokio::process::Command;
 
 use super::contender::SHORT;
-use crate::support::{CONVERGE, Cluster, eventually, http_get, sum_metric};
+use harness::{CONVERGE, Cluster, eventually, http_get, sum_metric};
 
 const DOCKERFILE: &str = include_str!("../../../../Dockerfile");
 const DEPLOYMENT: &str = include_str!("../../../../deploy/deployment.yaml");

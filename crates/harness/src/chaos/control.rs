@@ -5,7 +5,6 @@
 //!
 //! Every fault strikes while the client keeps changing objects (it retries while the API is
 //! down), and ends with the slices converged on everything the client wrote.
-#![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::time::Duration;
 
@@ -14,19 +13,17 @@ use testbed::Server;
 use tokio::time::Instant;
 
 use crate::{
-    support::{
-        CONVERGE, Cluster, Replica,
-        chaos::{
-            lease_acquire_time, lease_renew_time, log_time, slice_versions, slice_writes,
-            wait_any_leading, wait_gauge,
-        },
-        eventually,
-        proxy::Mode,
-    },
-    world::{
+    CONVERGE, Cluster, Replica,
+    chaos::world::{
         BEFORE_FAULT, CHANGES, LEASE_DURATION, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK,
         WORKERS, World,
     },
+    chaos::{
+        lease_acquire_time, lease_renew_time, log_time, slice_versions, slice_writes,
+        wait_any_leading, wait_gauge,
+    },
+    eventually,
+    proxy::Mode,
 };
 
 /// How long a restarted server and the replicas may take to be back on a loaded machine.
