@@ -9,23 +9,14 @@ use k8s_openapi::{
     api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
 };
 use kube::api::{DeleteParams, PostParams};
-use slices::testing::{Svc, Workload};
+use slices::testing::{self, Svc, Workload, vm};
 
 /// The controller binary this target was built with.
 const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
+/// [`testing::web`], labelled `team=payments` (the labels the slices copy).
 fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .label("team", "payments")
-        .port("http", 80, "http")
-}
-
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name)
-        .label("app", "web")
-        .ip(ip)
-        .port("http", 8080)
+    testing::web().label("team", "payments")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -37,7 +28,7 @@ async fn slices_follow_services_and_workloads() {
     replica.wait_leading(CONVERGE).await;
 
     cluster.create_service(web()).await;
-    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster
         .apply_workload(vm("vm-2", "10.0.0.2").not_ready())
         .await;
@@ -54,9 +45,7 @@ async fn slices_follow_services_and_workloads() {
     );
 
     // Readiness, IP and label changes.
-    cluster
-        .apply_workload(vm("vm-2", "10.0.0.22").ready())
-        .await;
+    cluster.apply_workload(vm("vm-2", "10.0.0.22")).await;
     cluster.wait_converged().await;
     assert_eq!(
         cluster.endpoints_of("web").await["vm-2"],
@@ -100,8 +89,8 @@ async fn reacquired_leader_recreates_slices_deleted_while_following() {
                 .port("http", 80, 8080),
         )
         .await;
-    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
-    cluster.apply_workload(vm("vm-2", "10.0.0.2").ready()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    cluster.apply_workload(vm("vm-2", "10.0.0.2")).await;
     cluster
         .apply_workload(
             Workload::named("api-1")
@@ -164,7 +153,7 @@ async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "recreate").await;
     cluster.create_service(web()).await;
-    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
 
     let mut a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
     a.wait_leading(CONVERGE).await;

@@ -6,20 +6,17 @@
 use harness::{CONVERGE, Cluster, Replica, eventually};
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
-use slices::testing::{Svc, Workload};
+use slices::testing::{Svc, Workload, vm, web};
 
 /// The controller binary this target was built with.
 const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
-/// A Service whose port targets the workloads' port *named* `http`.
-fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, "http")
-}
-
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name).label("app", "web").ip(ip)
+/// A workload [`web`] selects that lacks the port `http` its targetPort names.
+fn vm_without_http(name: &str, ip: &str) -> Workload {
+    Workload::named(name)
+        .label("app", "web")
+        .ip(ip)
+        .port("admin", 9000)
 }
 
 /// Warning Events of the namespace about `service` with `reason`.
@@ -57,11 +54,9 @@ async fn unresolved_named_port_is_reported_once_and_other_workloads_still_publis
     assert_eq!(counter(&replica, INVALID_DATA, UNRESOLVED).await, 0.0);
 
     cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
-    cluster
-        .apply_workload(vm("vm-bad", "10.0.0.2").port("admin", 9000).ready())
+        .apply_workload(vm_without_http("vm-bad", "10.0.0.2").ready())
         .await;
     cluster.wait_converged().await;
 
@@ -110,7 +105,7 @@ async fn unresolved_named_port_is_reported_once_and_other_workloads_still_publis
     // Touching the workload re-plans the Service and counts the problem again, but within the
     // repeat window publishes no second Event and grows no series.
     cluster
-        .apply_workload(vm("vm-bad", "10.0.0.2").port("admin", 9000).not_ready())
+        .apply_workload(vm_without_http("vm-bad", "10.0.0.2").not_ready())
         .await;
     eventually("the problem to be counted again", CONVERGE, || async {
         let now = replica.metric(INVALID_DATA, UNRESOLVED).await?;
@@ -220,9 +215,7 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
     }
 
     cluster.create_service(web()).await;
-    cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster.wait_converged().await;
     let wait_for = |operation: &'static str, at_least: f64| {
         let replica = &replica;
@@ -242,7 +235,7 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
 
     // A readiness change updates the slice in place.
     cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).not_ready())
+        .apply_workload(vm("vm-1", "10.0.0.1").not_ready())
         .await;
     cluster.wait_converged().await;
     wait_for(update, 1.0).await;
@@ -339,21 +332,12 @@ async fn non_ip_let_in_by_a_looser_crd_is_skipped_and_reported() {
     replica.wait_leading(CONVERGE).await;
 
     cluster.create_service(web()).await;
-    cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     // One usable address and one that is not an IP: the first is published, the second not.
     cluster
-        .apply_workload(
-            vm("vm-2", "10.0.0.2")
-                .ip("vm-2.example.com")
-                .port("http", 8080)
-                .ready(),
-        )
+        .apply_workload(vm("vm-2", "10.0.0.2").ip("vm-2.example.com"))
         .await;
-    cluster
-        .apply_workload(vm("vm-3", "bogus").port("http", 8080).ready())
-        .await;
+    cluster.apply_workload(vm("vm-3", "bogus")).await;
     cluster.wait_converged().await;
     let endpoints = cluster.endpoints_of("web").await;
     assert_eq!(endpoints["vm-1"], (vec!["10.0.0.1".to_string()], true));

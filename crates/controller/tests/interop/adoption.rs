@@ -12,7 +12,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
-use slices::testing::{Svc, Workload};
+use slices::testing::{self, Svc, Workload};
 
 use super::{
     contender::{Ours, SHORT},
@@ -38,12 +38,7 @@ pub const DIFFERENT: [&str; 5] = [
 /// Service `web` (labelled, one named port) with `web-1` (ready, zoned) and `web-2` (not ready).
 pub async fn create_web(cluster: &Cluster) {
     cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .label("team", "payments")
-                .port("http", 80, "http"),
-        )
+        .create_service(testing::web().label("team", "payments"))
         .await;
     cluster
         .apply_workload(

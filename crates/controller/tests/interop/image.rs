@@ -18,7 +18,7 @@ use std::{
 };
 
 use kube::config::Kubeconfig;
-use slices::testing::{Svc, Workload};
+use slices::testing;
 use tokio::process::Command;
 
 use super::contender::SHORT;
@@ -115,21 +115,9 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         }
     })
     .await;
+    cluster.create_service(testing::web()).await;
     cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .port("http", 80, "http"),
-        )
-        .await;
-    cluster
-        .apply_workload(
-            Workload::named("vm-1")
-                .label("app", "web")
-                .ip("10.0.0.1")
-                .port("http", 8080)
-                .ready(),
-        )
+        .apply_workload(testing::vm("vm-1", "10.0.0.1"))
         .await;
     cluster.wait_converged().await;
     assert_eq!(cluster.slices_of("web").await.len(), 1);
