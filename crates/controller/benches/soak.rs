@@ -27,6 +27,7 @@ use harness::{
         world::{Member, World},
     },
     proxy::Mode,
+    report::{bench_main, env_usize},
 };
 
 /// The controller binary this target was built with.
@@ -77,29 +78,11 @@ const FAULTS: [Fault; 17] = [
 ];
 
 fn main() {
-    if !invoked_by_cargo_bench() {
-        eprintln!(
-            "soak: a benchmark; run it with `cargo bench -p external-endpoints --bench soak`"
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(run());
-}
-
-/// `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench targets without it.
-fn invoked_by_cargo_bench() -> bool {
-    std::env::args().any(|arg| arg == "--bench")
+    bench_main("soak", run);
 }
 
 async fn run() {
-    let rounds: usize = std::env::var("SOAK_ROUNDS")
-        .ok()
-        .and_then(|rounds| rounds.trim().parse().ok())
-        .unwrap_or(200);
+    let rounds = env_usize("SOAK_ROUNDS", 200);
     let started = Instant::now();
     let options = testbed::Options {
         apiserver_args: vec!["--watch-cache=false".to_string()],

@@ -12,7 +12,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`poll`] | [`eventually`] / [`poll()`]: wait for a condition, never a sleep |
+//! | [`poll`](mod@poll) | [`eventually`] / [`poll()`]: wait for a condition, never a sleep |
 //! | [`replica`] | [`Replica`]: one controller process; [`ReplicaSpec`] for the benches |
 //! | [`metrics`] | [`Metrics`], [`sum_metric`]: Prometheus text |
 //! | [`http`] | [`http_get`]: a plain HTTP/1.1 GET |

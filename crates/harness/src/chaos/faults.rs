@@ -9,13 +9,13 @@ use tokio::time::Instant;
 
 use crate::{
     CONVERGE, Cluster, Replica,
-    chaos::world::{
-        BEFORE_FAULT, CHANGES, LEASE_DURATION, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK,
-        WORKERS, World,
-    },
     chaos::{
         LeaseHistory, delete_lease, last_slice_write, lease_acquire_time, log_time, release_lease,
         slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
+        world::{
+            BEFORE_FAULT, CHANGES, LEASE_DURATION, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK,
+            WORKERS, World,
+        },
     },
     eventually,
 };

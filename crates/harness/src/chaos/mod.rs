@@ -1,6 +1,19 @@
-//! Chaos support: the client that keeps changing objects ([`churn`]), replicas behind their own
-//! [`Proxy`], a recorder of the Lease's history, Lease take-over by a foreign holder, and
-//! snapshots of slice writes.
+//! Chaos: the world the chaos tests (`tests/chaos.rs`, `tests/control_plane.rs`) and the soak
+//! bench share, the faults they strike, and the checks that hold across every fault.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`world`] | one namespace, the client's model, the replicas ([`world::Member`]), the timings |
+//! | [`churn`] | the client that keeps changing objects, and its model to check slices against |
+//! | [`faults`] | graceful exit, crash, deposition, Lease deleted |
+//! | [`network`] | outage, flap, SIGTERM while cut off, connection resets (through a [`Proxy`]) |
+//! | [`control`] | API server or etcd restarted, watch expiry, one of two API servers cut off |
+//! | [`latency`] | a slow API server |
+//! | [`lease`] | the Lease's history, a foreign holder taking it, releasing or deleting it |
+//! | [`audit`] | who wrote what while who led; two leaders at once |
+//!
+//! Here: replicas behind their own [`Proxy`], snapshots of slice writes, and waits on the
+//! leader gauge.
 //!
 //! ```text
 //!  Churn (model + random changes) ──► API ◄── replicas (some through a Proxy each)
@@ -11,6 +24,7 @@ pub mod audit;
 pub mod churn;
 pub mod control;
 pub mod faults;
+pub mod latency;
 pub mod lease;
 pub mod network;
 pub mod world;

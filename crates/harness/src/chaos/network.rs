@@ -8,13 +8,13 @@ use tokio::time::Instant;
 
 use crate::{
     CONVERGE, Replica,
-    chaos::world::{
-        BEFORE_FAULT, CHANGES, DRAIN_TIMEOUT, FLAP, LEASE_DURATION, Member, RENEW_DEADLINE,
-        RESET_EVERY, RETRY_PERIOD, SLACK, World, acquisitions_of,
-    },
     chaos::{
         LeaseHistory, lease_acquire_time, lease_renew_time, log_time, slice_writes,
         wait_any_leading, wait_gauge,
+        world::{
+            BEFORE_FAULT, CHANGES, DRAIN_TIMEOUT, FLAP, LEASE_DURATION, Member, RENEW_DEADLINE,
+            RESET_EVERY, RETRY_PERIOD, SLACK, World, acquisitions_of,
+        },
     },
     eventually,
     proxy::Mode,
