@@ -28,7 +28,7 @@ use kube::{
     discovery::{Discovery, Scope},
 };
 use serde_json::json;
-use slices::testing::{Svc, Workload};
+use slices::testing::{Workload, vm, web};
 
 /// The controller binary this target was built with.
 const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
@@ -401,19 +401,12 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
 
     // Slices and Events in another namespace.
     let cluster = Cluster::new(testbed, "deploy-workloads").await;
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    // Selected, but without the port `http` the Service's targetPort names: an Event.
+    let no_http = Workload::named("vm-2").label("app", "web").ip("10.0.0.2");
     cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .port("http", 80, "http"),
-        )
-        .await;
-    let vm = |name: &str, ip: &str| Workload::named(name).label("app", "web").ip(ip);
-    cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
-    cluster
-        .apply_workload(vm("vm-2", "10.0.0.2").port("admin", 9000).ready())
+        .apply_workload(no_http.port("admin", 9000).ready())
         .await;
     cluster.wait_converged().await;
     assert!(cluster.endpoints_of("web").await["vm-1"].1);
@@ -499,7 +492,7 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
     assert!(a.wait_exit(CONVERGE).await.success(), "{}", a.log());
     b.wait_leading(CONVERGE).await;
     cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).not_ready())
+        .apply_workload(vm("vm-1", "10.0.0.1").not_ready())
         .await;
     cluster.wait_converged().await;
     assert!(!cluster.endpoints_of("web").await["vm-1"].1);
