@@ -13,8 +13,6 @@
 //! `FAILOVER_PER_SERVICE` (5 workloads per Service).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
-mod common;
-
 use std::{
     collections::HashMap,
     path::Path,
@@ -22,11 +20,13 @@ use std::{
 };
 
 use api::v1beta1::ExternalWorkload;
-use common::{
-    Replica, ReplicaSpec, Table, bench_main, env_list, env_usize, poll, populate, progress,
-    seconds_between,
-};
 use futures::StreamExt;
+use harness::{
+    Metrics, Replica, ReplicaSpec,
+    fixtures::populate,
+    poll,
+    report::{Table, bench_main, env_list, env_usize, progress, seconds_between},
+};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api, Client,
@@ -39,6 +39,9 @@ use tokio::{sync::watch, time::Instant};
 const MANAGED_BY: &str =
     "endpointslice.kubernetes.io/managed-by=linkerd-external-workloads-controller";
 const LEASE: &str = "bench-lease";
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 fn main() {
     bench_main("failover", run);
@@ -132,7 +135,7 @@ async fn handover(
         let identity = format!("r{next_id}");
         let spec = spec.clone();
         let kubeconfig = kubeconfig.to_path_buf();
-        async move { Replica::start(&kubeconfig, &spec, &identity).await }
+        async move { spec.start(BINARY, &kubeconfig, &identity).await }
     };
     let mut leader = spawn(kubeconfig).await;
     leader.wait_leading(Duration::from_secs(60)).await;
@@ -289,7 +292,7 @@ async fn acquire(
         next_id += 1;
         let identity = format!("a{next_id}");
         let spec = spec.clone();
-        async move { Replica::start(kubeconfig, &spec, &identity).await }
+        async move { spec.start(BINARY, kubeconfig, &identity).await }
     };
     let mut leader = spawn().await;
     leader.wait_leading(Duration::from_secs(300)).await;
@@ -377,13 +380,13 @@ async fn acquire(
 
 /// Polls (every 10 ms) until `replica` leads and has reconciled at least `services` keys with
 /// nothing queued or in flight.
-async fn wait_checked(replica: &Replica, services: usize, timeout: Duration) -> common::Metrics {
+async fn wait_checked(replica: &Replica, services: usize, timeout: Duration) -> Metrics {
     poll(
         &format!("{} to check {services} Services", replica.identity),
         timeout,
         Duration::from_millis(10),
         || async {
-            let metrics = replica.metrics().await?;
+            let metrics = replica.metrics().await.ok()?;
             let leading = metrics.sum("external_endpoints_leader", "") == 1.0;
             (leading
                 && metrics.reconciles() >= services as f64

@@ -19,7 +19,6 @@
 //! `SCALE_HOLD_SECS` (0: keep the populated testbed this long at the end, for profiling).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
-mod common;
 #[path = "scale/footprint.rs"]
 mod footprint;
 #[path = "scale/load.rs"]
@@ -30,9 +29,11 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use common::{
-    Metrics, Replica, ReplicaSpec, Table, bench_main, env_list, env_usize, poll, populate_range,
-    progress, seconds_between,
+use harness::{
+    Metrics, Replica, ReplicaSpec,
+    fixtures::populate_range,
+    poll,
+    report::{Table, bench_main, env_list, env_usize, progress, seconds_between, summary},
 };
 use k8s_openapi::{
     api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
@@ -41,6 +42,9 @@ use kube::{Api, Client, api::PostParams};
 use tokio::time::Instant;
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 fn main() {
     bench_main("scale", run);
@@ -183,7 +187,9 @@ async fn measure_point(setup: &Setup<'_>, services: usize) -> Point {
     };
 
     // A leader started on the populated cluster (slices of earlier points in place).
-    let mut leader = Replica::start(setup.kubeconfig, &spec, &format!("p{services}-a")).await;
+    let mut leader = spec
+        .start(BINARY, setup.kubeconfig, &format!("p{services}-a"))
+        .await;
     leader.wait_ready(Duration::from_secs(900)).await;
     point.leader_synced = seconds_between(leader.spawned_at, SystemTime::now());
     leader.wait_leading(Duration::from_secs(120)).await;
@@ -204,7 +210,9 @@ async fn measure_point(setup: &Setup<'_>, services: usize) -> Point {
     );
 
     // A follower with the same caches.
-    let mut follower = Replica::start(setup.kubeconfig, &spec, &format!("p{services}-b")).await;
+    let mut follower = spec
+        .start(BINARY, setup.kubeconfig, &format!("p{services}-b"))
+        .await;
     follower.wait_ready(Duration::from_secs(900)).await;
     point.follower_synced = seconds_between(follower.spawned_at, SystemTime::now());
     // Let allocations settle (the watch bookmarks, the follower's list buffers freed).
@@ -253,12 +261,13 @@ async fn measure_point(setup: &Setup<'_>, services: usize) -> Point {
         );
         leader.wait_exit(Duration::from_secs(60)).await;
         std::mem::swap(&mut leader, &mut follower);
-        follower = Replica::start(
-            setup.kubeconfig,
-            &spec,
-            &format!("p{services}-r{}", round + 1),
-        )
-        .await;
+        follower = spec
+            .start(
+                BINARY,
+                setup.kubeconfig,
+                &format!("p{services}-r{}", round + 1),
+            )
+            .await;
         follower.wait_ready(Duration::from_secs(900)).await;
     }
 
@@ -309,7 +318,7 @@ async fn details(
         "the leader to step down",
         Duration::from_secs(60),
         Duration::from_millis(50),
-        || async { (!leader.leading().await).then_some(()) },
+        || async { (!leader.is_leader().await).then_some(()) },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -340,7 +349,7 @@ async fn details(
         "a replica to lead again",
         Duration::from_secs(60),
         Duration::from_millis(50),
-        || async { (leader.leading().await || follower.leading().await).then_some(()) },
+        || async { (leader.is_leader().await || follower.is_leader().await).then_some(()) },
     )
     .await;
 
@@ -367,8 +376,9 @@ async fn loads(setup: &Setup<'_>, spec: &ReplicaSpec, services: usize, table: &m
             extra: vec!["--workers".to_string(), workers.to_string()],
             ..spec.clone()
         };
-        let mut replica =
-            Replica::start(setup.kubeconfig, &spec, &format!("load-w{workers}")).await;
+        let mut replica = spec
+            .start(BINARY, setup.kubeconfig, &format!("load-w{workers}"))
+            .await;
         replica.wait_ready(Duration::from_secs(900)).await;
         replica.wait_leading(Duration::from_secs(120)).await;
         wait_checked(&replica, services, Duration::from_secs(300), started).await;
@@ -461,9 +471,9 @@ fn linearity(points: &[Point]) {
         ("follower peak RSS (MiB)", |p| p.follower_hwm),
         ("follower start → synced (s)", |p| p.follower_synced),
         ("hand-over acquired → all checked, median (s)", |p| {
-            common::summary(&p.checked).1
+            summary(&p.checked).1
         }),
-        ("hand-over CPU, median (s)", |p| common::summary(&p.cpu).1),
+        ("hand-over CPU, median (s)", |p| summary(&p.cpu).1),
     ];
     println!("### growth per 1,000 Services (+5,000 workloads, +1,000 slices)\n");
     let mut header = "| measure |".to_string();
@@ -560,7 +570,7 @@ async fn wait_checked(
                 last_report = Instant::now();
             }
             async move {
-                let metrics = replica.metrics().await?;
+                let metrics = replica.metrics().await.ok()?;
                 if report {
                     progress(
                         started,

@@ -13,32 +13,25 @@
 //! `CHAOS_SEED` (replays a run: the same faults and client changes; printed at the start).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
-#[path = "../tests/chaos/control.rs"]
-mod control;
-#[path = "../tests/chaos/faults.rs"]
-mod faults;
-#[path = "../tests/chaos/network.rs"]
-mod network;
-#[path = "../tests/support/mod.rs"]
-mod support;
-#[path = "../tests/chaos/world.rs"]
-mod world;
-
 use std::{collections::BTreeMap, time::Duration};
 
 use testbed::Server;
 use tokio::time::Instant;
 
-use control::Stop;
-use support::{
-    Replica,
+use harness::{
+    CONVERGE, Replica,
     chaos::{
-        audit::{LeaderMonitor, WriteAudit},
-        wait_any_leading,
+        audit::{AuditReport, LeaderMonitor, WriteAudit},
+        control::{self, Stop},
+        faults, network, wait_any_leading,
+        world::{Member, World},
     },
     proxy::Mode,
+    report::{bench_main, env_usize},
 };
-use world::{Member, World};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// Replicas kept running.
 const REPLICAS: usize = 3;
@@ -85,29 +78,11 @@ const FAULTS: [Fault; 17] = [
 ];
 
 fn main() {
-    if !invoked_by_cargo_bench() {
-        eprintln!(
-            "soak: a benchmark; run it with `cargo bench -p external-endpoints --bench soak`"
-        );
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(run());
-}
-
-/// `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench targets without it.
-fn invoked_by_cargo_bench() -> bool {
-    std::env::args().any(|arg| arg == "--bench")
+    bench_main("soak", run);
 }
 
 async fn run() {
-    let rounds: usize = std::env::var("SOAK_ROUNDS")
-        .ok()
-        .and_then(|rounds| rounds.trim().parse().ok())
-        .unwrap_or(200);
+    let rounds = env_usize("SOAK_ROUNDS", 200);
     let started = Instant::now();
     let options = testbed::Options {
         apiserver_args: vec!["--watch-cache=false".to_string()],
@@ -118,7 +93,7 @@ async fn run() {
     let _logs = testbed.log_guard();
     eprintln!("soak: two API servers up after {:?}", started.elapsed());
 
-    let mut world = World::new(&testbed, "soak").await;
+    let mut world = World::new(BINARY, &testbed, "soak").await;
     let monitor = LeaderMonitor::start();
     let mut members: Vec<Member> = Vec::new();
     refill(&mut world, &mut members, &monitor).await;
@@ -182,7 +157,7 @@ fn summary(
     started: Instant,
     by_fault: &BTreeMap<String, (usize, Duration, Duration)>,
     world: &World<'_>,
-    report: &support::chaos::audit::AuditReport,
+    report: &AuditReport,
     monitor: &LeaderMonitor,
     longest: (Duration, Option<Fault>),
 ) {
@@ -263,16 +238,12 @@ async fn refill(world: &mut World<'_>, members: &mut Vec<Member>, monitor: &Lead
         monitor.add(&member.replica);
         members.push(member);
         if members.len() == 1 {
-            members[0].replica.wait_leading().await;
+            members[0].replica.wait_leading(CONVERGE).await;
         }
     }
 }
 
-fn audit_now(
-    audit: &WriteAudit,
-    world: &World<'_>,
-    members: &[Member],
-) -> support::chaos::audit::AuditReport {
+fn audit_now(audit: &WriteAudit, world: &World<'_>, members: &[Member]) -> AuditReport {
     let mut replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     replicas.extend(world.retired.iter().map(|m| &m.replica));
     audit.check(&replicas)

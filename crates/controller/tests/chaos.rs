@@ -14,24 +14,21 @@
 //! `CHAOS_SOAK_ROUNDS` sets the soak's rounds (default 3).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // the faults are test code: a panic is the failure report
 
-#[path = "chaos/faults.rs"]
-mod faults;
-#[path = "chaos/network.rs"]
-mod network;
-mod support;
-#[path = "chaos/world.rs"]
-mod world;
-
 use tokio::time::Instant;
 
-use faults::{crash, deposition, hand_over, lease_deleted};
-use network::{connection_resets, flap, outage, terminate_cut_off};
-use support::{
-    Replica,
-    chaos::{release_lease, slice_writes, take_lease, wait_any_leading},
+use harness::{
+    CONVERGE, Replica,
+    chaos::{
+        faults::{crash, deposition, hand_over, lease_deleted},
+        network::{connection_resets, flap, outage, terminate_cut_off},
+        release_lease, slice_writes, take_lease, wait_any_leading,
+        world::{CHANGES, RENEW_DEADLINE, RETRY_PERIOD, World},
+    },
     proxy::Mode,
 };
-use world::{CHANGES, RENEW_DEADLINE, RETRY_PERIOD, World};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// The faults the soak draws from.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +49,7 @@ enum Fault {
 async fn graceful_hand_over_drains_releases_and_a_follower_converges() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-graceful").await;
+    let mut world = World::new(BINARY, testbed, "chaos-graceful").await;
     let mut members = world.start(&[false; 3]).await;
     hand_over(&mut world, &mut members).await;
 }
@@ -61,7 +58,7 @@ async fn graceful_hand_over_drains_releases_and_a_follower_converges() {
 async fn crashed_leader_is_replaced_once_its_lease_runs_out() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-crash").await;
+    let mut world = World::new(BINARY, testbed, "chaos-crash").await;
     let mut members = world.start(&[false; 3]).await;
     crash(&mut world, &mut members).await;
 }
@@ -70,7 +67,7 @@ async fn crashed_leader_is_replaced_once_its_lease_runs_out() {
 async fn deposed_leader_writes_nothing_after_another_holder_takes_the_lease() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-deposition").await;
+    let mut world = World::new(BINARY, testbed, "chaos-deposition").await;
     let mut members = world.start(&[false; 3]).await;
     deposition(&mut world, &mut members).await;
 }
@@ -79,7 +76,7 @@ async fn deposed_leader_writes_nothing_after_another_holder_takes_the_lease() {
 async fn cut_off_leader_steps_down_within_renew_deadline_and_stays_silent_after_restore() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-cut").await;
+    let mut world = World::new(BINARY, testbed, "chaos-cut").await;
     let mut members = world.start(&[true, false]).await;
     outage(&mut world, &mut members, Mode::Cut).await;
 }
@@ -88,7 +85,7 @@ async fn cut_off_leader_steps_down_within_renew_deadline_and_stays_silent_after_
 async fn blackholed_leader_steps_down_within_renew_deadline_and_stays_silent_after_restore() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-blackhole").await;
+    let mut world = World::new(BINARY, testbed, "chaos-blackhole").await;
     let mut members = world.start(&[true, false]).await;
     outage(&mut world, &mut members, Mode::Blackhole).await;
 }
@@ -97,7 +94,7 @@ async fn blackholed_leader_steps_down_within_renew_deadline_and_stays_silent_aft
 async fn outage_shorter_than_renew_deadline_causes_no_step_down() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-flap").await;
+    let mut world = World::new(BINARY, testbed, "chaos-flap").await;
     let mut members = world.start(&[true, false]).await;
     flap(&mut world, &mut members, Mode::Cut).await;
 }
@@ -106,7 +103,7 @@ async fn outage_shorter_than_renew_deadline_causes_no_step_down() {
 async fn blackhole_shorter_than_renew_deadline_causes_no_step_down() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-flap-blackhole").await;
+    let mut world = World::new(BINARY, testbed, "chaos-flap-blackhole").await;
     let mut members = world.start(&[true, false]).await;
     flap(&mut world, &mut members, Mode::Blackhole).await;
 }
@@ -115,7 +112,7 @@ async fn blackhole_shorter_than_renew_deadline_causes_no_step_down() {
 async fn leader_terminated_while_cut_off_exits_within_drain_deadline_and_is_replaced() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-terminate-cut").await;
+    let mut world = World::new(BINARY, testbed, "chaos-terminate-cut").await;
     let mut members = world.start(&[true, false]).await;
     terminate_cut_off(&mut world, &mut members, Mode::Blackhole).await;
 }
@@ -124,7 +121,7 @@ async fn leader_terminated_while_cut_off_exits_within_drain_deadline_and_is_repl
 async fn deleted_lease_ends_the_term_at_once_and_a_new_term_converges() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-lease-deleted").await;
+    let mut world = World::new(BINARY, testbed, "chaos-lease-deleted").await;
     let mut members = world.start(&[false; 2]).await;
     lease_deleted(&mut world, &mut members).await;
 }
@@ -133,7 +130,7 @@ async fn deleted_lease_ends_the_term_at_once_and_a_new_term_converges() {
 async fn connections_reset_again_and_again_lose_no_change_on_leader_or_follower() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-resets").await;
+    let mut world = World::new(BINARY, testbed, "chaos-resets").await;
     let mut members = world.start(&[true; 2]).await;
     connection_resets(&mut world, &mut members).await;
 }
@@ -142,12 +139,12 @@ async fn connections_reset_again_and_again_lose_no_change_on_leader_or_follower(
 async fn nothing_is_written_while_a_foreign_holder_keeps_the_lease_then_everything_is() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let mut world = World::new(testbed, "chaos-foreign").await;
+    let mut world = World::new(BINARY, testbed, "chaos-foreign").await;
     take_lease(&world.cluster, "foreign", 3600).await;
     let mut members = Vec::new();
     for _ in 0..2 {
         let member = world.member(false).await;
-        member.replica.wait_ready().await;
+        member.replica.wait_ready(CONVERGE).await;
         members.push(member);
     }
     let churn = world.churn(CHANGES / 2);
@@ -181,7 +178,7 @@ async fn soak_random_faults_converge_every_round() {
         .ok()
         .and_then(|rounds| rounds.trim().parse().ok())
         .unwrap_or(3);
-    let mut world = World::new(testbed, "chaos-soak").await;
+    let mut world = World::new(BINARY, testbed, "chaos-soak").await;
     let mut members = world.start(&[true; 3]).await;
     let faults = [
         Fault::HandOver,

@@ -16,17 +16,21 @@
 //! logs). A failing run prints `CHAOS_SEED=<n>`; set it to replay the same client changes.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
 
-#[path = "chaos/control.rs"]
-mod control;
-mod support;
-#[path = "chaos/world.rs"]
-mod world;
-
 use testbed::{Server, Testbed};
 
-use control::{Stop, apiserver_partition, restart, slow_api, slow_within_deadline, watch_expiry};
-use support::chaos::audit::{LeaderMonitor, WriteAudit};
-use world::{Member, World};
+use harness::{
+    CONVERGE,
+    chaos::{
+        audit::{LeaderMonitor, WriteAudit},
+        control::{
+            Stop, apiserver_partition, restart, slow_api, slow_within_deadline, watch_expiry,
+        },
+        world::{Member, World},
+    },
+};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// This binary's control plane (started on first use, stopped when the binary exits).
 static PLANE: tokio::sync::OnceCell<Result<Testbed, String>> = tokio::sync::OnceCell::const_new();
@@ -92,7 +96,7 @@ impl Watchers {
             "two replicas led at once: {:?}",
             state.overlaps
         );
-        let mut replicas: Vec<&support::Replica> = members.iter().map(|m| &m.replica).collect();
+        let mut replicas: Vec<&harness::Replica> = members.iter().map(|m| &m.replica).collect();
         replicas.extend(world.retired.iter().map(|m| &m.replica));
         let report = self.audit.check(&replicas);
         eprintln!(
@@ -118,7 +122,7 @@ async fn world_with<'a>(
     test: &str,
     proxied: &[bool],
 ) -> (World<'a>, Vec<Member>) {
-    let mut world = World::new(testbed, test).await;
+    let mut world = World::new(BINARY, testbed, test).await;
     let members = world.start(proxied).await;
     (world, members)
 }
@@ -195,14 +199,14 @@ async fn one_of_two_apiservers_cut_off_exactly_one_leader_and_convergence() {
     if testbed.apiserver_url(1).is_none() {
         testbed.add_apiserver().await.unwrap();
     }
-    let mut world = World::new(testbed, "cp-ha").await;
+    let mut world = World::new(BINARY, testbed, "cp-ha").await;
     // Spread over both API servers: the first (leader) on API server 0, then alternating.
     let mut members = Vec::new();
     for index in 0..4 {
         world.apiserver = index % 2;
         members.push(world.member(true).await);
         if index == 0 {
-            members[0].replica.wait_leading().await;
+            members[0].replica.wait_leading(CONVERGE).await;
         }
     }
     let model = world.model.clone();

@@ -6,13 +6,12 @@
 //! slices for the namespaces of other test binaries.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
-mod support;
-
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
 };
 
+use harness::{CONVERGE, Cluster, LEASE_ARGS, Replica, eventually};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     coordination::v1::Lease,
@@ -29,8 +28,10 @@ use kube::{
     discovery::{Discovery, Scope},
 };
 use serde_json::json;
-use slices::testing::{Svc, Workload};
-use support::{CONVERGE, Cluster, LEASE_ARGS, Replica, eventually};
+use slices::testing::{Workload, vm, web};
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// Namespace and object name the manifests use; rewritten per test where objects are created.
 const DEPLOY_NAME: &str = "external-endpoints";
@@ -392,27 +393,20 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
     .chain(LEASE_ARGS)
     .chain(["--drain-timeout", "5s"])
     .collect();
-    let mut a = Replica::start_with(&kubeconfig, "a", &flags).await;
-    a.wait_leading().await;
-    let b = Replica::start_with(&kubeconfig, "b", &flags).await;
-    a.wait_ready().await;
-    b.wait_ready().await;
+    let mut a = Replica::start_with(BINARY, &kubeconfig, "a", &flags).await;
+    a.wait_leading(CONVERGE).await;
+    let b = Replica::start_with(BINARY, &kubeconfig, "b", &flags).await;
+    a.wait_ready(CONVERGE).await;
+    b.wait_ready(CONVERGE).await;
 
     // Slices and Events in another namespace.
     let cluster = Cluster::new(testbed, "deploy-workloads").await;
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    // Selected, but without the port `http` the Service's targetPort names: an Event.
+    let no_http = Workload::named("vm-2").label("app", "web").ip("10.0.0.2");
     cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .port("http", 80, "http"),
-        )
-        .await;
-    let vm = |name: &str, ip: &str| Workload::named(name).label("app", "web").ip(ip);
-    cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
-    cluster
-        .apply_workload(vm("vm-2", "10.0.0.2").port("admin", 9000).ready())
+        .apply_workload(no_http.port("admin", 9000).ready())
         .await;
     cluster.wait_converged().await;
     assert!(cluster.endpoints_of("web").await["vm-1"].1);
@@ -496,9 +490,9 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
     // and keeps the slices current.
     a.terminate();
     assert!(a.wait_exit(CONVERGE).await.success(), "{}", a.log());
-    b.wait_leading().await;
+    b.wait_leading(CONVERGE).await;
     cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).not_ready())
+        .apply_workload(vm("vm-1", "10.0.0.1").not_ready())
         .await;
     cluster.wait_converged().await;
     assert!(!cluster.endpoints_of("web").await["vm-1"].1);

@@ -2,29 +2,21 @@
 //! kube-apiserver + etcd (the testbed). Slices are checked against the planner's view of the
 //! objects in the API, waiting on conditions with a timeout.
 
-mod support;
-
 use std::time::Duration;
 
+use harness::{CONVERGE, Cluster, Replica, eventually};
 use k8s_openapi::{
     api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
 };
 use kube::api::{DeleteParams, PostParams};
-use slices::testing::{Svc, Workload};
-use support::{CONVERGE, Cluster, Replica, eventually};
+use slices::testing::{self, Svc, Workload, vm};
 
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
+
+/// [`testing::web`], labelled `team=payments` (the labels the slices copy).
 fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .label("team", "payments")
-        .port("http", 80, "http")
-}
-
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name)
-        .label("app", "web")
-        .ip(ip)
-        .port("http", 8080)
+    testing::web().label("team", "payments")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -32,11 +24,11 @@ async fn slices_follow_services_and_workloads() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "lifecycle").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
 
     cluster.create_service(web()).await;
-    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster
         .apply_workload(vm("vm-2", "10.0.0.2").not_ready())
         .await;
@@ -53,9 +45,7 @@ async fn slices_follow_services_and_workloads() {
     );
 
     // Readiness, IP and label changes.
-    cluster
-        .apply_workload(vm("vm-2", "10.0.0.22").ready())
-        .await;
+    cluster.apply_workload(vm("vm-2", "10.0.0.22")).await;
     cluster.wait_converged().await;
     assert_eq!(
         cluster.endpoints_of("web").await["vm-2"],
@@ -99,8 +89,8 @@ async fn reacquired_leader_recreates_slices_deleted_while_following() {
                 .port("http", 80, 8080),
         )
         .await;
-    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
-    cluster.apply_workload(vm("vm-2", "10.0.0.2").ready()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    cluster.apply_workload(vm("vm-2", "10.0.0.2")).await;
     cluster
         .apply_workload(
             Workload::named("api-1")
@@ -111,8 +101,8 @@ async fn reacquired_leader_recreates_slices_deleted_while_following() {
         .await;
 
     // A leads and writes the slices (term 1 records them in its tracker).
-    let a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    a.wait_leading().await;
+    let a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading(CONVERGE).await;
     cluster.wait_converged().await;
 
     // A loses the lease: another identity takes it through the API.
@@ -151,7 +141,7 @@ async fn reacquired_leader_recreates_slices_deleted_while_following() {
 
     // A leads again: the replayed adds must rewrite both Services' slices.
     release_lease(&cluster).await;
-    a.wait_leading().await;
+    a.wait_leading(CONVERGE).await;
     cluster.wait_converged().await;
     assert_eq!(cluster.endpoints_of("web").await.len(), 2);
     assert_eq!(cluster.endpoints_of("api").await.len(), 1);
@@ -163,10 +153,10 @@ async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "recreate").await;
     cluster.create_service(web()).await;
-    cluster.apply_workload(vm("vm-1", "10.0.0.1").ready()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
 
-    let mut a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    a.wait_leading().await;
+    let mut a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading(CONVERGE).await;
     cluster.wait_converged().await;
 
     // Graceful exit: drains, releases the Lease, exits 0.
@@ -175,8 +165,8 @@ async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
     assert_eq!(cluster.lease_holder().await, None, "the lease is released");
 
     // B's first term never wrote these slices; they are correct, so it writes nothing.
-    let b = Replica::start(testbed, &cluster.namespace, "b", &[]).await;
-    b.wait_leading().await;
+    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
+    b.wait_leading(CONVERGE).await;
     eventually("b to check every Service", CONVERGE, || async {
         let adds = b.metric("external_endpoints_queue_adds_total", "").await?;
         let depth = b.metric("external_endpoints_queue_depth", "").await?;
@@ -241,12 +231,12 @@ async fn update_lease(cluster: &Cluster, change: impl Fn(&mut Lease)) {
     let leases = cluster.leases();
     eventually("the lease update", Duration::from_secs(10), || async {
         let mut lease = leases
-            .get(support::LEASE)
+            .get(harness::LEASE)
             .await
             .map_err(|e| e.to_string())?;
         change(&mut lease);
         leases
-            .replace(support::LEASE, &PostParams::default(), &lease)
+            .replace(harness::LEASE, &PostParams::default(), &lease)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

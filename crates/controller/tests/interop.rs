@@ -23,7 +23,6 @@ mod image;
 mod linkerd;
 #[path = "interop/migration.rs"]
 mod migration;
-mod support;
 #[path = "interop/timeline.rs"]
 mod timeline;
 
@@ -36,11 +35,14 @@ use kube::{
 };
 
 use contender::{Contender, LEASE_NAME, LINKERD, Ours, SHORT, proxy};
-use support::{CONVERGE, Cluster, eventually};
+use harness::{CONVERGE, Cluster, eventually};
 use timeline::{
     LeaseLog, Record, assert_markers_within, assert_never_together, between, contender_intervals,
     our_intervals,
 };
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
 /// Allowance on timing bounds for scheduling on a loaded 2-core machine.
 pub const SLACK: Duration = Duration::from_secs(2);
@@ -81,7 +83,7 @@ async fn crashed_holders_are_waited_out_for_the_lease_duration_they_wrote_either
     assert_micro_time(&cluster).await;
 
     let mut ours = Ours::start(testbed, &ns, "ours-a", SHORT, false).await;
-    ours.replica.wait_ready().await;
+    ours.replica.wait_ready(CONVERGE).await;
     // Two renewals of the client-go holder later, ours has seen it hold and stays a follower.
     let seen = lease.len();
     lease
@@ -199,7 +201,7 @@ async fn graceful_releases_hand_over_at_once_to_ours_and_at_the_next_poll_to_cli
     lease.wait_holder(&linkerd.identity, 0, CONVERGE).await;
     for round in 0..2 {
         let mut ours = Ours::start(testbed, &ns, &format!("ours-{round}"), SHORT, false).await;
-        ours.replica.wait_ready().await;
+        ours.replica.wait_ready(CONVERGE).await;
 
         let before = lease.len();
         linkerd.terminate();
@@ -277,7 +279,7 @@ async fn network_cuts_of_either_side_never_give_two_leaders() {
     linkerd.wait_event("started leading", 1).await;
     lease.wait_holder(&linkerd.identity, 0, CONVERGE).await;
     let ours = Ours::start(testbed, &ns, "ours-cut", SHORT, true).await;
-    ours.replica.wait_ready().await;
+    ours.replica.wait_ready(CONVERGE).await;
 
     // Client-go cut off.
     let before = lease.len();

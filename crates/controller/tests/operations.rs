@@ -3,22 +3,20 @@
 //! leadership and writes.
 #![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
-mod support;
-
+use harness::{CONVERGE, Cluster, Replica, eventually};
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
-use slices::testing::{Svc, Workload};
-use support::{CONVERGE, Cluster, Replica, eventually};
+use slices::testing::{Svc, Workload, vm, web};
 
-/// A Service whose port targets the workloads' port *named* `http`.
-fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, "http")
-}
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
 
-fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name).label("app", "web").ip(ip)
+/// A workload [`web`] selects that lacks the port `http` its targetPort names.
+fn vm_without_http(name: &str, ip: &str) -> Workload {
+    Workload::named(name)
+        .label("app", "web")
+        .ip(ip)
+        .port("admin", 9000)
 }
 
 /// Warning Events of the namespace about `service` with `reason`.
@@ -51,16 +49,14 @@ async fn unresolved_named_port_is_reported_once_and_other_workloads_still_publis
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "unresolved-port").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
     assert_eq!(counter(&replica, INVALID_DATA, UNRESOLVED).await, 0.0);
 
     cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
-    cluster
-        .apply_workload(vm("vm-bad", "10.0.0.2").port("admin", 9000).ready())
+        .apply_workload(vm_without_http("vm-bad", "10.0.0.2").ready())
         .await;
     cluster.wait_converged().await;
 
@@ -109,7 +105,7 @@ async fn unresolved_named_port_is_reported_once_and_other_workloads_still_publis
     // Touching the workload re-plans the Service and counts the problem again, but within the
     // repeat window publishes no second Event and grows no series.
     cluster
-        .apply_workload(vm("vm-bad", "10.0.0.2").port("admin", 9000).not_ready())
+        .apply_workload(vm_without_http("vm-bad", "10.0.0.2").not_ready())
         .await;
     eventually("the problem to be counted again", CONVERGE, || async {
         let now = replica.metric(INVALID_DATA, UNRESOLVED).await?;
@@ -140,9 +136,9 @@ async fn leader_and_standby_are_both_ready_once_synced() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "ready").await;
-    let a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    a.wait_leading().await;
-    let b = Replica::start(testbed, &cluster.namespace, "b", &[]).await;
+    let a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading(CONVERGE).await;
+    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
 
     for replica in [&a, &b] {
         eventually(
@@ -172,9 +168,9 @@ async fn leader_gauge_moves_to_the_standby_on_graceful_hand_over() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "hand-over").await;
-    let mut a = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    a.wait_leading().await;
-    let b = Replica::start(testbed, &cluster.namespace, "b", &[]).await;
+    let mut a = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    a.wait_leading(CONVERGE).await;
+    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
     eventually("b to be a ready standby", CONVERGE, || async {
         match b.get("/ready").await?.0 {
             200 => Ok(()),
@@ -188,7 +184,7 @@ async fn leader_gauge_moves_to_the_standby_on_graceful_hand_over() {
 
     a.terminate();
     assert!(a.wait_exit(CONVERGE).await.success(), "{}", a.log());
-    b.wait_leading().await;
+    b.wait_leading(CONVERGE).await;
     assert_eq!(b.metric(acquired, "").await, Ok(1.0));
     assert!(
         b.metric("external_endpoints_leader_term", "")
@@ -204,8 +200,8 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "write-counters").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
     let writes = "external_endpoints_slice_writes_total";
     let create = "operation=\"Create\"";
     let update = "operation=\"Update\"";
@@ -219,9 +215,7 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
     }
 
     cluster.create_service(web()).await;
-    cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster.wait_converged().await;
     let wait_for = |operation: &'static str, at_least: f64| {
         let replica = &replica;
@@ -241,7 +235,7 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
 
     // A readiness change updates the slice in place.
     cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).not_ready())
+        .apply_workload(vm("vm-1", "10.0.0.1").not_ready())
         .await;
     cluster.wait_converged().await;
     wait_for(update, 1.0).await;
@@ -334,25 +328,16 @@ async fn non_ip_let_in_by_a_looser_crd_is_skipped_and_reported() {
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "invalid-ip").await;
     loosen_workload_ip_validation(&cluster).await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
 
     cluster.create_service(web()).await;
-    cluster
-        .apply_workload(vm("vm-1", "10.0.0.1").port("http", 8080).ready())
-        .await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     // One usable address and one that is not an IP: the first is published, the second not.
     cluster
-        .apply_workload(
-            vm("vm-2", "10.0.0.2")
-                .ip("vm-2.example.com")
-                .port("http", 8080)
-                .ready(),
-        )
+        .apply_workload(vm("vm-2", "10.0.0.2").ip("vm-2.example.com"))
         .await;
-    cluster
-        .apply_workload(vm("vm-3", "bogus").port("http", 8080).ready())
-        .await;
+    cluster.apply_workload(vm("vm-3", "bogus")).await;
     cluster.wait_converged().await;
     let endpoints = cluster.endpoints_of("web").await;
     assert_eq!(endpoints["vm-1"], (vec!["10.0.0.1".to_string()], true));
@@ -399,14 +384,14 @@ async fn operations_guide_lists_every_metric_served() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "metric-docs").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
     // The reconcile histogram has no series (and no TYPE line) before the first reconcile.
     cluster.create_service(web()).await;
     let reconciled = "external_endpoints_reconcile_duration_seconds_count";
     let body = eventually("a reconcile", CONVERGE, || async {
         let (_, body) = replica.get("/metrics").await?;
-        match support::sum_metric(&body, reconciled, "") {
+        match harness::sum_metric(&body, reconciled, "") {
             Some(count) if count >= 1.0 => Ok(body),
             other => Err(format!("{reconciled}: {other:?}")),
         }
@@ -457,7 +442,7 @@ async fn replica_that_cannot_sync_is_live_but_not_ready() {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
     );
     std::fs::write(&kubeconfig, text).unwrap();
-    let replica = Replica::start_with(&kubeconfig, "unsynced", &[]).await;
+    let replica = Replica::start_with(BINARY, &kubeconfig, "unsynced", &[]).await;
     // Several scrapes over the watches' first retries: never ready, always live.
     for _ in 0..5 {
         assert_eq!(replica.get("/live").await.unwrap().0, 200);
@@ -485,8 +470,8 @@ async fn workload_name_that_cannot_be_a_hostname_is_published_without_one() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "hostname").await;
-    let replica = Replica::start(testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading().await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
 
     // A headless Service names its endpoints after the workloads; `db.vm-2` is a valid object
     // name but not a DNS label.

@@ -7,6 +7,8 @@
 //! let vm = Workload::named("vm-1").label("app", "web").ip("10.0.0.1").port("http", 8080).ready().build();
 //! ```
 //!
+//! [`web`] and [`vm`] are that Service and such a workload, the fixtures most tests start from.
+//!
 //! [`SliceStore`] plays the API server for plans: it names created slices and bumps
 //! resourceVersion and generation the way the server does.
 
@@ -30,6 +32,23 @@ pub const NAMESPACE: &str = "default";
 /// A point in time, `seconds` after the Unix epoch.
 pub fn time(seconds: i64) -> Time {
     Time(Timestamp::from_second(seconds).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// The Service most tests use: `web`, selecting `app=web`, port `http` 80 → the workloads' port
+/// named `http`.
+pub fn web() -> Svc {
+    Svc::named("web")
+        .selector("app", "web")
+        .port("http", 80, "http")
+}
+
+/// A ready workload that [`web`] selects: label `app=web`, address `ip`, port `http` 8080.
+pub fn vm(name: &str, ip: &str) -> Workload {
+    Workload::named(name)
+        .label("app", "web")
+        .ip(ip)
+        .port("http", 8080)
+        .ready()
 }
 
 /// Builds a Service.

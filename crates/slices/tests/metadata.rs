@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{Case, only_endpoint, run, vm, web};
+use common::{Case, only_endpoint, run};
+use slices::testing::{vm, web};
 use slices::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
 };

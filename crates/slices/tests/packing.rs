@@ -6,9 +6,9 @@
 mod common;
 
 use api::v1beta1::ExternalWorkload;
-use common::{Case, converge, existing_names, names, plan, ports, run, vm, web, workloads_in};
+use common::{Case, converge, existing_names, names, plan, ports, run, workloads_in};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use slices::testing::{SliceStore, Svc, Workload, time};
+use slices::testing::{SliceStore, Svc, Workload, time, vm, web};
 use slices::{Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, Write, plan_slices};
 
 /// Workloads `names`, with addresses 10.0.0.<index+1>.

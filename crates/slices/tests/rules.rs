@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{Case, addresses, ports, run, vm, web, workloads_in};
+use common::{Case, addresses, ports, run, workloads_in};
 use slices::Problem;
-use slices::testing::{Svc, Workload};
+use slices::testing::{Svc, Workload, vm, web};
 
 #[test]
 fn selection_rules() {

@@ -21,7 +21,7 @@ use kube::{Api, Client, Resource, api::ListParams};
 use slices::MANAGED_BY_LABEL;
 use tokio::time::Instant;
 
-use crate::common::{Table, progress};
+use harness::report::{Table, progress};
 
 /// Bytes per object of each kind.
 pub struct Footprint {

@@ -31,7 +31,10 @@ use parking_lot::Mutex;
 use slices::{Config, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, plan_slices};
 use tokio::{sync::Semaphore, time::Instant};
 
-use crate::common::{Replica, Table, progress};
+use harness::{
+    Replica,
+    report::{Table, progress},
+};
 
 /// How hard and how long.
 pub struct Settings {

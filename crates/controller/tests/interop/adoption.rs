@@ -12,13 +12,13 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
-use slices::testing::{Svc, Workload};
+use slices::testing::{self, Svc, Workload};
 
 use super::{
     contender::{Ours, SHORT},
     linkerd,
 };
-use crate::support::{Cluster, eventually};
+use harness::{CONVERGE, Cluster, eventually};
 
 /// A finalizer that holds a deleted workload in its terminating state.
 const HOLD: &str = "external-endpoints.test/hold";
@@ -38,12 +38,7 @@ pub const DIFFERENT: [&str; 5] = [
 /// Service `web` (labelled, one named port) with `web-1` (ready, zoned) and `web-2` (not ready).
 pub async fn create_web(cluster: &Cluster) {
     cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .label("team", "payments")
-                .port("http", 80, "http"),
-        )
+        .create_service(testing::web().label("team", "payments"))
         .await;
     cluster
         .apply_workload(
@@ -325,37 +320,33 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(before.len(), 12, "Linkerd's slices: {:?}", before.keys());
 
     let ours = Ours::start(testbed, &cluster.namespace, "ours-adopt", SHORT, false).await;
-    ours.replica.wait_leading().await;
+    ours.replica.wait_leading(CONVERGE).await;
     cluster.wait_converged().await;
     // Every Service has been reconciled by now (the queue is empty and each had its turn).
-    eventually(
-        "every Service reconciled",
-        crate::support::CONVERGE,
-        || async {
-            let reconciled = ours
-                .replica
-                .metric(
-                    "external_endpoints_reconcile_duration_seconds_count",
-                    "outcome=\"Ok\"",
-                )
-                .await?;
-            let depth = ours
-                .replica
-                .metric("external_endpoints_queue_depth", "")
-                .await?;
-            let busy = ours
-                .replica
-                .metric("external_endpoints_queue_in_flight", "")
-                .await?;
-            if reconciled >= all.len() as f64 && depth == 0.0 && busy == 0.0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{reconciled} reconciled, depth {depth}, in flight {busy}"
-                ))
-            }
-        },
-    )
+    eventually("every Service reconciled", CONVERGE, || async {
+        let reconciled = ours
+            .replica
+            .metric(
+                "external_endpoints_reconcile_duration_seconds_count",
+                "outcome=\"Ok\"",
+            )
+            .await?;
+        let depth = ours
+            .replica
+            .metric("external_endpoints_queue_depth", "")
+            .await?;
+        let busy = ours
+            .replica
+            .metric("external_endpoints_queue_in_flight", "")
+            .await?;
+        if reconciled >= all.len() as f64 && depth == 0.0 && busy == 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{reconciled} reconciled, depth {depth}, in flight {busy}"
+            ))
+        }
+    })
     .await;
     let after = slices_by_name(&cluster).await;
 

@@ -19,7 +19,7 @@ use kube::config::Kubeconfig;
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use crate::support::{CONVERGE, Replica, eventually, proxy::Proxy};
+use harness::{CONVERGE, Replica, eventually, proxy::Proxy};
 
 /// The Lease Linkerd's destination service holds (in namespace `linkerd`; here in the test's
 /// namespace).
@@ -357,7 +357,7 @@ impl Ours {
         args.extend(["--slice-prefix", "linkerd-external-"]);
         args.extend(["--log-level", "info,cluster=debug,leadership=debug"]);
         args.extend(["--drain-timeout", "5s"]);
-        let replica = Replica::start_with(kubeconfig, identity, &args).await;
+        let replica = Replica::start_with(crate::BINARY, kubeconfig, identity, &args).await;
         Ours {
             replica,
             proxy,

@@ -18,11 +18,11 @@ use std::{
 };
 
 use kube::config::Kubeconfig;
-use slices::testing::{Svc, Workload};
+use slices::testing;
 use tokio::process::Command;
 
 use super::contender::SHORT;
-use crate::support::{CONVERGE, Cluster, eventually, http_get, sum_metric};
+use harness::{CONVERGE, Cluster, eventually, http_get, sum_metric};
 
 const DOCKERFILE: &str = include_str!("../../../../Dockerfile");
 const DEPLOYMENT: &str = include_str!("../../../../deploy/deployment.yaml");
@@ -115,21 +115,9 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         }
     })
     .await;
+    cluster.create_service(testing::web()).await;
     cluster
-        .create_service(
-            Svc::named("web")
-                .selector("app", "web")
-                .port("http", 80, "http"),
-        )
-        .await;
-    cluster
-        .apply_workload(
-            Workload::named("vm-1")
-                .label("app", "web")
-                .ip("10.0.0.1")
-                .port("http", 8080)
-                .ready(),
-        )
+        .apply_workload(testing::vm("vm-1", "10.0.0.1"))
         .await;
     cluster.wait_converged().await;
     assert_eq!(cluster.slices_of("web").await.len(), 1);

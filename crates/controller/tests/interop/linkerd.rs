@@ -36,7 +36,7 @@ use kube::{ResourceExt, api::ObjectMeta, api::PostParams};
 use serde_json::Value;
 
 use super::contender::LINKERD_MANAGED_BY;
-use crate::support::Cluster;
+use harness::Cluster;
 
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";

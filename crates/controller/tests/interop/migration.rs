@@ -25,7 +25,7 @@ use super::{
     linkerd,
     timeline::{LeaseLog, assert_never_together, contender_intervals, our_intervals},
 };
-use crate::support::{CONVERGE, Cluster, eventually};
+use harness::{CONVERGE, Cluster, eventually};
 
 /// The Services of the migration.
 const SERVICES: [&str; 2] = ["web", "db"];
@@ -52,8 +52,8 @@ pub async fn run(testbed: &'static testbed::Testbed, binary: &Path) {
     // 2. Ours join: ready followers that write nothing.
     let mut a = Ours::start(testbed, &ns, "ours-a", SHORT, false).await;
     let mut b = Ours::start(testbed, &ns, "ours-b", SHORT, false).await;
-    a.replica.wait_ready().await;
-    b.replica.wait_ready().await;
+    a.replica.wait_ready(CONVERGE).await;
+    b.replica.wait_ready(CONVERGE).await;
     cluster
         .apply_workload(vm("web-2", "app", "web").ip("10.1.0.2").ready())
         .await;
@@ -142,7 +142,7 @@ pub async fn run(testbed: &'static testbed::Testbed, binary: &Path) {
     crashed.replica.kill();
     crashed.replica.wait_exit(CONVERGE).await;
     let crashed_at = Timestamp::now();
-    survivor.replica.wait_leading().await;
+    survivor.replica.wait_leading(CONVERGE).await;
     cluster.delete_workload("web-1").await;
     cluster
         .apply_workload(vm("db-2", "app", "db").ip("10.3.0.2").ready())

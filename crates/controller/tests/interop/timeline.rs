@@ -16,7 +16,7 @@ use kube::api::{ListParams, WatchEvent, WatchParams};
 use tokio::{sync::watch, task::JoinHandle};
 
 use super::contender::{Contender, Event, LEASE_NAME, Ours};
-use crate::support::Cluster;
+use harness::Cluster;
 
 /// One write of the Lease, as the watch delivered it.
 #[derive(Clone, Debug)]

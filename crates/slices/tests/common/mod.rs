@@ -4,7 +4,7 @@
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use slices::testing::{SliceStore, Svc, Workload, time};
+use slices::testing::{SliceStore, time};
 use slices::{Config, SlicePlan, plan_slices};
 
 /// One named rule: state to converge first (if any), then the inputs of the pass under test.
@@ -52,22 +52,6 @@ impl Case {
 }
 
 /// Plans with the default trigger time.
-/// The Service most cases use: selects `app=web`, port `http` 80 → targetPort named `http`.
-pub fn web() -> Svc {
-    Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, "http")
-}
-
-/// A ready workload selected by [`web`], listening on `http` 8080.
-pub fn vm(name: &str, ip: &str) -> Workload {
-    Workload::named(name)
-        .label("app", "web")
-        .ip(ip)
-        .port("http", 8080)
-        .ready()
-}
-
 pub fn plan(
     service: &Service,
     workloads: &[ExternalWorkload],

@@ -1,31 +1,18 @@
-//! Chaos support: the client that keeps changing objects ([`churn`]), replicas behind their own
-//! [`Proxy`], a recorder of the Lease's history, Lease take-over by a foreign holder, and
-//! snapshots of slice writes.
-//!
-//! ```text
-//!  Churn (model + random changes) ──► API ◄── replicas (some through a Proxy each)
-//!  LeaseHistory ◄── watch of the Lease         slices ──► Model::check / SliceVersions
-//! ```
+//! The Lease as the chaos tests see and change it: its history as a watch delivers it (every
+//! write, in order), and a foreign holder taking it over, releasing or deleting it.
 
-pub mod audit;
-pub mod churn;
+use std::time::Duration;
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
-
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::Timestamp,
 };
-use kube::{
-    api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
-    config::Kubeconfig,
-};
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
-use futures::{StreamExt, TryStreamExt};
-
-use super::{CONVERGE, Cluster, LEASE, LEASE_ARGS, Replica, eventually, proxy::Proxy};
+use crate::{CONVERGE, Cluster, LEASE, eventually};
 
 /// The Lease records as a watch delivered them (every write, in order).
 pub struct LeaseHistory {
@@ -46,9 +33,6 @@ pub struct LeaseRecord {
 
 /// The holder recorded when the Lease is deleted.
 pub const DELETED: &str = "<deleted>";
-
-/// Name → resourceVersion of the managed slices: any write changes it.
-pub type SliceVersions = BTreeMap<String, String>;
 
 // === impl LeaseHistory ===
 
@@ -268,137 +252,4 @@ pub async fn lease_renew_time(cluster: &Cluster) -> Option<Timestamp> {
         .and_then(|lease| lease.spec)
         .and_then(|spec| spec.renew_time)
         .map(|time| time.0)
-}
-
-// === slice snapshots ===
-
-/// The managed slices' resourceVersions.
-pub async fn slice_versions(cluster: &Cluster) -> SliceVersions {
-    cluster
-        .slices()
-        .await
-        .into_iter()
-        .map(|slice| {
-            let name = slice.metadata.name.unwrap_or_default();
-            (name, slice.metadata.resource_version.unwrap_or_default())
-        })
-        .collect()
-}
-
-/// The latest `time` of any managedFields entry of the managed slices (second precision,
-/// rounded down by the API server).
-pub async fn last_slice_write(cluster: &Cluster) -> Option<Timestamp> {
-    cluster
-        .slices()
-        .await
-        .into_iter()
-        .flat_map(|slice| slice.metadata.managed_fields.unwrap_or_default())
-        .filter_map(|entry| entry.time.map(|time| time.0))
-        .max()
-}
-
-// === replicas ===
-
-/// When the replica last logged `message` (its JSON log's `timestamp`, this machine's clock).
-pub fn log_time(replica: &Replica, message: &str) -> Option<Timestamp> {
-    replica
-        .log()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|entry| entry["message"] == message)
-        .filter_map(|entry| entry["timestamp"].as_str()?.parse().ok())
-        .next_back()
-}
-
-/// Successful slice writes of a replica (every operation).
-pub async fn slice_writes(replica: &Replica) -> f64 {
-    replica
-        .metric("external_endpoints_slice_writes_total", "")
-        .await
-        .unwrap()
-}
-
-/// Waits until the replica's `external_endpoints_leader` is `leading`; returns when it was
-/// first seen so.
-pub async fn wait_gauge(replica: &Replica, leading: bool, timeout: Duration) -> Instant {
-    let what = format!("{} leading={leading}", replica.identity);
-    eventually(&what, timeout, || async {
-        let gauge = replica.metric("external_endpoints_leader", "").await?;
-        if (gauge == 1.0) == leading {
-            Ok(Instant::now())
-        } else {
-            Err(format!("gauge {gauge}"))
-        }
-    })
-    .await
-}
-
-/// Waits until one of `replicas` leads and the Lease names it; returns its index and when it
-/// was first seen leading.
-pub async fn wait_any_leading(cluster: &Cluster, replicas: &[&Replica]) -> (usize, Instant) {
-    let (index, seen) = eventually("a replica to lead", CONVERGE, || async {
-        for (index, replica) in replicas.iter().enumerate() {
-            if replica.is_leader().await {
-                return Ok((index, Instant::now()));
-            }
-        }
-        Err("nobody leads".to_string())
-    })
-    .await;
-    let identity = &replicas[index].identity;
-    assert_eq!(
-        cluster.lease_holder().await.as_ref(),
-        Some(identity),
-        "the Lease names the leading replica"
-    );
-    (index, seen)
-}
-
-// === impl Replica ===
-
-impl Replica {
-    /// A replica whose every API connection goes through its own [`Proxy`].
-    pub async fn start_proxied(
-        testbed: &testbed::Testbed,
-        namespace: &str,
-        identity: &str,
-        extra: &[&str],
-    ) -> (Replica, Proxy) {
-        Self::start_proxied_to(testbed, testbed.server_url(), namespace, identity, extra).await
-    }
-
-    /// A replica talking to the API server at `server` (one of an HA control plane) through
-    /// its own [`Proxy`].
-    pub async fn start_proxied_to(
-        testbed: &testbed::Testbed,
-        server: &str,
-        namespace: &str,
-        identity: &str,
-        extra: &[&str],
-    ) -> (Replica, Proxy) {
-        let upstream: SocketAddr = server.trim_start_matches("https://").parse().unwrap();
-        let proxy = Proxy::start(upstream).await;
-        let mut kubeconfig = Kubeconfig::read_from(testbed.kubeconfig_path()).unwrap();
-        for cluster in &mut kubeconfig.clusters {
-            if let Some(cluster) = cluster.cluster.as_mut() {
-                cluster.server = Some(format!("https://{}", proxy.addr()));
-            }
-        }
-        // JSON is YAML: the replica reads it like any kubeconfig. It is read once, at start.
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), serde_json::to_vec(&kubeconfig).unwrap()).unwrap();
-        let mut args = vec![
-            "--watch-namespace",
-            namespace,
-            "--lease-namespace",
-            namespace,
-        ];
-        args.extend(["--lease-name", LEASE]);
-        args.extend(LEASE_ARGS);
-        args.extend(["--log-level", "info,cluster=debug,leadership=debug"]);
-        args.extend(["--drain-timeout", "5s"]);
-        args.extend(extra);
-        let replica = Replica::start_with(file.path(), identity, &args).await;
-        (replica, proxy)
-    }
 }

@@ -2,24 +2,22 @@
 //! outage (cut or blackhole) longer than RenewDeadline, a flap shorter than it, SIGTERM while
 //! cut off, and connections reset again and again.
 //!
-//! [`Proxy`]: crate::support::proxy::Proxy
+//! [`Proxy`]: crate::proxy::Proxy
 
 use tokio::time::Instant;
 
 use crate::{
-    support::{
-        CONVERGE, Replica,
-        chaos::{
-            LeaseHistory, lease_acquire_time, lease_renew_time, log_time, slice_writes,
-            wait_any_leading, wait_gauge,
+    CONVERGE, Replica,
+    chaos::{
+        LeaseHistory, lease_acquire_time, lease_renew_time, log_time, slice_writes,
+        wait_any_leading, wait_gauge,
+        world::{
+            BEFORE_FAULT, CHANGES, DRAIN_TIMEOUT, FLAP, LEASE_DURATION, Member, RENEW_DEADLINE,
+            RESET_EVERY, RETRY_PERIOD, SLACK, World, acquisitions_of,
         },
-        eventually,
-        proxy::Mode,
     },
-    world::{
-        BEFORE_FAULT, CHANGES, DRAIN_TIMEOUT, FLAP, LEASE_DURATION, Member, RENEW_DEADLINE,
-        RESET_EVERY, RETRY_PERIOD, SLACK, World, acquisitions_of,
-    },
+    eventually,
+    proxy::Mode,
 };
 
 /// The leader's network is cut (or blackholed) mid-stream: it stops leading within

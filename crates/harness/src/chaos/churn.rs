@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use slices::testing::{Svc, Workload};
 use tokio::{sync::watch, task::JoinHandle};
 
-use crate::support::{CONVERGE, Cluster, eventually};
+use crate::{CONVERGE, Cluster, eventually};
 
 /// The workloads' one port (named `http`).
 const WORKLOAD_PORT: i32 = 8080;
@@ -79,7 +79,7 @@ impl Rng {
     }
 
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -88,12 +88,12 @@ impl Rng {
 
     /// Uniform in `0..n` (from the high bits, the better ones of xorshift).
     pub fn below(&mut self, n: usize) -> usize {
-        (((self.next() >> 32) * n as u64) >> 32) as usize
+        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
     }
 
     /// An independent generator (for a background task).
     pub fn fork(&mut self) -> Rng {
-        Rng(self.next() | 1)
+        Rng(self.next_u64() | 1)
     }
 
     fn pick<T: Copy>(&mut self, items: &[T]) -> T {

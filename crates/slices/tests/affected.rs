@@ -1,11 +1,12 @@
-//! Events → Service keys (docs/slices.md, "Events → Service keys"), one named case per rule.
+//! Watch events → the Services they affect (docs/slices.md, "Events → Service keys"), one named
+//! case per rule.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::affected::{for_service, for_slice, for_workload};
-use slices::testing::{SliceStore, Svc, Workload, time};
+use slices::testing::{self, SliceStore, Svc, Workload, time};
 use slices::{
     CachedService, CachedSlice, CachedWorkload, Config, DEFAULT_NAME_PREFIX, SERVICE_NAME_LABEL,
     ServiceKey, Tracker, plan_slices,
@@ -42,13 +43,9 @@ fn slice_keys(
     for_slice(old.as_ref(), new.as_ref(), config, tracker)
 }
 
+/// The workload most cases start from: [`testing::vm`] `vm-1`, also labelled `tier=front`.
 fn vm() -> Workload {
-    Workload::named("vm-1")
-        .label("app", "web")
-        .label("tier", "front")
-        .ip("10.0.0.1")
-        .port("http", 8080)
-        .ready()
+    testing::vm("vm-1", "10.0.0.1").label("tier", "front")
 }
 
 fn keys(names: &[&str]) -> Vec<ServiceKey> {

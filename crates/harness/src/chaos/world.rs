@@ -1,21 +1,21 @@
 //! The chaos tests' world: one namespace with the client's model, the replicas (some behind
 //! their own proxy), and the timings the faults are judged by.
-#![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::support::{
-    Cluster, Replica,
+use crate::{
+    CONVERGE, Cluster, Replica,
     chaos::{
         churn::{Churn, Model, Rng},
         slice_versions,
     },
     proxy::Proxy,
+    replica::Binary,
 };
 
-/// The e2e replicas' lease timings (`support::LEASE_ARGS`).
+/// The e2e replicas' lease timings ([`LEASE_ARGS`](crate::LEASE_ARGS)).
 pub const LEASE_DURATION: Duration = Duration::from_secs(4);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(3);
 pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
@@ -28,7 +28,7 @@ pub const PAUSE: Duration = Duration::from_millis(80);
 pub const BEFORE_FAULT: usize = 6;
 /// The replicas' reconcile workers (the default).
 pub const WORKERS: f64 = 4.0;
-/// The replicas' drain deadline (support's `--drain-timeout`).
+/// The replicas' drain deadline (`--drain-timeout` of [`e2e_args`](crate::replica::e2e_args)).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Mean pause between two resets of every connection.
 pub const RESET_EVERY: Duration = Duration::from_millis(250);
@@ -37,6 +37,8 @@ pub const FLAP: Duration = Duration::from_millis(1200);
 
 /// One test's namespace, client model and randomness.
 pub struct World<'a> {
+    /// The controller binary the replicas run.
+    pub binary: Binary,
     pub testbed: &'a testbed::Testbed,
     pub cluster: Cluster,
     pub model: Model,
@@ -62,11 +64,12 @@ pub struct Member {
 
 impl<'a> World<'a> {
     /// A fresh namespace holding the client's initial objects.
-    pub async fn new(testbed: &'a testbed::Testbed, test: &str) -> World<'a> {
+    pub async fn new(binary: Binary, testbed: &'a testbed::Testbed, test: &str) -> World<'a> {
         let cluster = Cluster::new(testbed, test).await;
         let model = Model::new();
         model.create(&cluster).await;
         World {
+            binary,
             testbed,
             cluster,
             model,
@@ -85,7 +88,7 @@ impl<'a> World<'a> {
         for (index, proxied) in proxied.iter().enumerate() {
             members.push(self.member(*proxied).await);
             if index == 0 {
-                members[0].replica.wait_leading().await;
+                members[0].replica.wait_leading(CONVERGE).await;
             }
         }
         let model = self.model.clone();
@@ -100,15 +103,23 @@ impl<'a> World<'a> {
         let namespace = &self.cluster.namespace;
         if proxied || self.apiserver != 0 {
             let upstream = self.testbed.apiserver_url(self.apiserver).unwrap();
-            let (replica, proxy) =
-                Replica::start_proxied_to(self.testbed, &upstream, namespace, &identity, &[]).await;
+            let (replica, proxy) = Replica::start_proxied_to(
+                self.binary,
+                self.testbed,
+                &upstream,
+                namespace,
+                &identity,
+                &[],
+            )
+            .await;
             Member {
                 replica,
                 proxy: Some(proxy),
                 apiserver: self.apiserver,
             }
         } else {
-            let replica = Replica::start(self.testbed, namespace, &identity, &[]).await;
+            let replica =
+                Replica::start(self.binary, self.testbed, namespace, &identity, &[]).await;
             Member {
                 replica,
                 proxy: None,

@@ -23,7 +23,7 @@ use slices::{Config, MANAGED_BY_LABEL};
 use tokio::{task::JoinHandle, time::Instant};
 
 use super::{DELETED, LeaseHistory, LeaseRecord, version_of};
-use crate::support::{Cluster, Replica, sum_metric};
+use crate::{Cluster, Replica, sum_metric};
 
 /// One write of a managed slice, as the watch delivered it.
 #[derive(Clone, Debug)]
@@ -325,10 +325,7 @@ impl Drop for LeaderMonitor {
 }
 
 async fn is_leader(admin: SocketAddr) -> bool {
-    let scrape = tokio::time::timeout(
-        Duration::from_secs(2),
-        crate::support::http_get(admin, "/metrics"),
-    );
+    let scrape = tokio::time::timeout(Duration::from_secs(2), crate::http_get(admin, "/metrics"));
     match scrape.await {
         Ok(Ok((_, body))) => sum_metric(&body, "external_endpoints_leader", "") == Some(1.0),
         _ => false,

@@ -8,18 +8,16 @@ use kube::api::{DeleteParams, PostParams};
 use tokio::time::Instant;
 
 use crate::{
-    support::{
-        CONVERGE, Cluster, Replica,
-        chaos::{
-            LeaseHistory, delete_lease, last_slice_write, lease_acquire_time, log_time,
-            release_lease, slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
+    CONVERGE, Cluster, Replica,
+    chaos::{
+        LeaseHistory, delete_lease, last_slice_write, lease_acquire_time, log_time, release_lease,
+        slice_versions, slice_writes, take_lease, wait_any_leading, wait_gauge,
+        world::{
+            BEFORE_FAULT, CHANGES, LEASE_DURATION, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK,
+            WORKERS, World,
         },
-        eventually,
     },
-    world::{
-        BEFORE_FAULT, CHANGES, LEASE_DURATION, Member, RENEW_DEADLINE, RETRY_PERIOD, SLACK,
-        WORKERS, World,
-    },
+    eventually,
 };
 
 /// SIGTERM to the leader mid-stream: it drains, releases the Lease (holder cleared in the

@@ -1,0 +1,40 @@
+//! The process harness of the controller's tests and benches: real `external-endpoints`
+//! processes against the testbed's real kube-apiserver, the API helpers to change objects and
+//! wait for slices to converge, a TCP proxy to cut one replica off, the chaos world and its
+//! faults, and the benches' fixtures and tables.
+//!
+//! ```text
+//!  test or bench ──► Replica (the binary it was built with: Binary(env!(...)))
+//!       │               └─ admin server: /ready, /metrics (metrics::Metrics)
+//!       ├──► Cluster (one namespace: create, apply, wait_converged)
+//!       └──► chaos::World (Cluster + Churn + Members, some behind a proxy::Proxy)
+//! ```
+//!
+//! | module | what |
+//! |---|---|
+//! | [`poll`](mod@poll) | [`eventually`] / [`poll()`]: wait for a condition, never a sleep |
+//! | [`replica`] | [`Replica`]: one controller process; [`ReplicaSpec`] for the benches |
+//! | [`metrics`] | [`Metrics`], [`sum_metric`]: Prometheus text |
+//! | [`http`] | [`http_get`]: a plain HTTP/1.1 GET |
+//! | [`cluster`] | [`Cluster`]: the objects of one test namespace |
+//! | [`proxy`] | [`proxy::Proxy`]: a TCP proxy in front of the API server |
+//! | [`chaos`] | the chaos tests' and the soak's world, faults and audits |
+//! | [`fixtures`] | bulk Services and workloads of the benches |
+//! | [`report`] | `bench_main`, knobs from the environment, progress lines, result tables |
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the failure report
+
+pub mod chaos;
+pub mod cluster;
+pub mod fixtures;
+pub mod http;
+pub mod metrics;
+pub mod poll;
+pub mod proxy;
+pub mod replica;
+pub mod report;
+
+pub use cluster::Cluster;
+pub use http::http_get;
+pub use metrics::{Metrics, sum_metric};
+pub use poll::{CONVERGE, eventually, poll};
+pub use replica::{Binary, LEASE, LEASE_ARGS, Replica, ReplicaSpec};
