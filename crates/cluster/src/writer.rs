@@ -6,7 +6,7 @@
 //! Each accepted write is recorded in the term's tracker, so the watch echo of our own write
 //! triggers nothing and a reconcile waits until the cache shows it.
 
-use std::future::Future;
+use std::{future::Future, time::Duration};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -51,12 +51,24 @@ pub trait WriteApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 }
 
+/// How long one API write may take before the writer gives up on it and the reconcile is
+/// retried with backoff. A write the API server never answers (its storage down, a response lost)
+/// would otherwise hold a worker until the client's read timeout (295 s); the server itself gives
+/// up on its storage after 60 s (`--request-timeout`).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// [`WriteApi`] through the Kubernetes API.
 #[derive(Clone)]
 pub struct KubeWrites {
     client: Client,
     events: Recorder,
+    call_timeout: Duration,
 }
+
+/// A write the API server did not answer within the call timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer from the API server within {0:?}")]
+pub struct CallTimedOut(Duration);
 
 /// Why a pass of writes stopped.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +114,28 @@ impl KubeWrites {
         Self {
             events: Recorder::new(client.clone(), reporter),
             client,
+            call_timeout: CALL_TIMEOUT,
+        }
+    }
+
+    /// Gives up on each call after `call_timeout` instead of [`CALL_TIMEOUT`].
+    #[cfg(test)]
+    fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
+        self.call_timeout = call_timeout;
+        self
+    }
+
+    /// Runs `call`, or fails with [`CallTimedOut`] when it takes longer than the call timeout
+    /// (the call is dropped; the server may still apply it, which the next pass sees).
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(Box::new(CallTimedOut(
+                self.call_timeout,
+            )))),
         }
     }
 
@@ -116,8 +150,8 @@ impl WriteApi for KubeWrites {
         namespace: &str,
         slice: &EndpointSlice,
     ) -> Result<EndpointSlice, kube::Error> {
-        self.api(namespace)
-            .create(&PostParams::default(), slice)
+        let api = self.api(namespace);
+        self.bounded(api.create(&PostParams::default(), slice))
             .await
     }
 
@@ -127,8 +161,8 @@ impl WriteApi for KubeWrites {
         slice: &EndpointSlice,
     ) -> Result<EndpointSlice, kube::Error> {
         let name = slice.metadata.name.as_deref().unwrap_or_default();
-        self.api(namespace)
-            .replace(name, &PostParams::default(), slice)
+        let api = self.api(namespace);
+        self.bounded(api.replace(name, &PostParams::default(), slice))
             .await
     }
 
@@ -145,7 +179,8 @@ impl WriteApi for KubeWrites {
             }),
             ..DeleteParams::default()
         };
-        self.api(namespace).delete(name, &params).await.map(|_| ())
+        let api = self.api(namespace);
+        self.bounded(api.delete(name, &params)).await.map(|_| ())
     }
 
     async fn publish_event(
@@ -153,7 +188,7 @@ impl WriteApi for KubeWrites {
         event: &Event,
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
-        self.events.publish(event, regarding).await
+        self.bounded(self.events.publish(event, regarding)).await
     }
 }
 
@@ -338,7 +373,11 @@ mod tests {
             }
         }
 
-        async fn write(&self, api: &FakeApi, plan: &SlicePlan) -> Result<Written, WriteError> {
+        async fn write(
+            &self,
+            api: &impl WriteApi,
+            plan: &SlicePlan,
+        ) -> Result<Written, WriteError> {
             let key = ServiceKey::new(NAMESPACE, "web");
             let fence = &self.term.fence;
             write_plan(api, &key, plan, fence, &self.tracker, &self.metrics).await
@@ -435,5 +474,43 @@ mod tests {
             ["create web-"],
             "nothing sent after the term ended"
         );
+    }
+
+    /// A client of an API server that accepts connections and never answers (as one whose
+    /// storage is down may); the listener thread holds every connection open.
+    fn silent_api_server() -> Client {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                held.push(stream);
+            }
+        });
+        Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_write_the_api_server_never_answers_fails_after_the_call_timeout() {
+        let reporter = Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let timeout = std::time::Duration::from_millis(200);
+        let api = KubeWrites::new(silent_api_server(), reporter).with_call_timeout(timeout);
+        let pass = Pass::new();
+        let plan = plan(&[], &["web-a"], &[]);
+        // Far above the call timeout: only reached when the call is not bounded.
+        let hung = std::time::Duration::from_secs(20);
+        let error = tokio::time::timeout(hung, pass.write(&api, &plan))
+            .await
+            .expect("the write still hangs");
+        let Err(WriteError::Api { source, .. }) = error else {
+            panic!("expected an API error, got {error:?}");
+        };
+        let kube::Error::Service(cause) = source else {
+            panic!("expected a timed-out call, got {source:?}");
+        };
+        assert!(cause.is::<CallTimedOut>(), "{cause}");
     }
 }
