@@ -312,8 +312,18 @@ impl Replica {
 impl Drop for Replica {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            // The whole log outlives the temporary directory, for the failure's analysis.
+            let kept = std::env::temp_dir().join(format!(
+                "external-endpoints-{}-{}.log",
+                self.identity,
+                self.child.id().unwrap_or_default()
+            ));
+            let kept = match std::fs::copy(&self.log, &kept) {
+                Ok(_) => format!("whole log kept in {}", kept.display()),
+                Err(error) => format!("log not kept: {error}"),
+            };
             eprintln!(
-                "--- replica {} log (last 60 lines) ---\n{}",
+                "--- replica {} log (last 60 lines; {kept}) ---\n{}",
                 self.identity,
                 self.log_tail(60)
             );
