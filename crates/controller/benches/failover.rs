@@ -387,12 +387,7 @@ async fn wait_checked(replica: &Replica, services: usize, timeout: Duration) -> 
         Duration::from_millis(10),
         || async {
             let metrics = replica.metrics().await.ok()?;
-            let leading = metrics.sum("external_endpoints_leader", "") == 1.0;
-            (leading
-                && metrics.reconciles() >= services as f64
-                && metrics.queue_depth() == 0.0
-                && metrics.in_flight() == 0.0)
-                .then_some(metrics)
+            metrics.all_checked(services).then_some(metrics)
         },
     )
     .await

@@ -33,7 +33,9 @@ use harness::{
     Metrics, Replica, ReplicaSpec,
     fixtures::populate_range,
     poll,
-    report::{Table, bench_main, env_list, env_usize, progress, seconds_between, summary},
+    report::{
+        Table, bench_main, env_list, env_usize, load_average, progress, seconds_between, summary,
+    },
 };
 use k8s_openapi::{
     api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
@@ -520,15 +522,6 @@ fn list_mode(replica: &Replica) -> &'static str {
     }
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 async fn update_lease(
     leases: &Api<Lease>,
     name: &str,
@@ -583,12 +576,7 @@ async fn wait_checked(
                         ),
                     );
                 }
-                let leading = metrics.sum("external_endpoints_leader", "") == 1.0;
-                (leading
-                    && metrics.reconciles() >= services as f64
-                    && metrics.queue_depth() == 0.0
-                    && metrics.in_flight() == 0.0)
-                    .then_some(metrics)
+                metrics.all_checked(services).then_some(metrics)
             }
         },
     )

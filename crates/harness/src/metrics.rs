@@ -67,6 +67,15 @@ impl Metrics {
         self.sum("external_endpoints_queue_in_flight", "")
     }
 
+    /// Whether this replica leads, has reconciled at least `services` keys, and has nothing
+    /// queued or in flight: every Service checked.
+    pub fn all_checked(&self, services: usize) -> bool {
+        self.sum("external_endpoints_leader", "") == 1.0
+            && self.reconciles() >= services as f64
+            && self.queue_depth() == 0.0
+            && self.in_flight() == 0.0
+    }
+
     /// Keys added to the queue.
     pub fn queue_adds(&self) -> f64 {
         self.sum("external_endpoints_queue_adds_total", "")

@@ -65,6 +65,16 @@ pub fn summary(samples: &[f64]) -> (f64, f64, f64) {
     (sorted[0], median, sorted[n - 1])
 }
 
+/// The machine's 1, 5 and 15 minute load averages, as `/proc/loadavg` gives them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Seconds from `from` to `to` (negative when `to` is earlier).
 pub fn seconds_between(from: SystemTime, to: SystemTime) -> f64 {
     match to.duration_since(from) {

@@ -33,7 +33,7 @@ use tokio::{sync::Semaphore, time::Instant};
 
 use harness::{
     Replica,
-    report::{Table, progress},
+    report::{Table, load_average, progress},
 };
 
 /// How hard and how long.
@@ -80,15 +80,6 @@ struct InFlight {
 struct Tracking {
     in_flight: HashMap<(String, String), InFlight>,
     latencies: Vec<f64>,
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// A small deterministic generator (xorshift64*): the bench needs spread, not randomness.
