@@ -15,18 +15,15 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use testbed::Server;
 use tokio::time::Instant;
 
 use harness::{
     CONVERGE, Replica,
     chaos::{
         audit::{AuditReport, LeaderMonitor, WriteAudit},
-        control::{self, Stop},
-        faults, network, wait_any_leading,
+        fault::Fault,
         world::{Member, World},
     },
-    proxy::Mode,
     report::{bench_main, env_usize},
 };
 
@@ -37,45 +34,6 @@ const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-end
 const REPLICAS: usize = 3;
 /// Rounds between two audits (each reads every replica's log).
 const AUDIT_EVERY: usize = 10;
-
-/// The faults a round draws from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fault {
-    HandOver,
-    Crash,
-    Deposition,
-    Outage(Mode),
-    Flap(Mode),
-    TerminateCutOff(Mode),
-    LeaseDeleted,
-    ConnectionResets,
-    ApiServerKilled,
-    ApiServerStopped,
-    EtcdKilled,
-    WatchExpiry,
-    SlowApi,
-    ApiServerCutOff,
-}
-
-const FAULTS: [Fault; 17] = [
-    Fault::HandOver,
-    Fault::Crash,
-    Fault::Deposition,
-    Fault::Outage(Mode::Cut),
-    Fault::Outage(Mode::Blackhole),
-    Fault::Flap(Mode::Cut),
-    Fault::Flap(Mode::Blackhole),
-    Fault::TerminateCutOff(Mode::Cut),
-    Fault::TerminateCutOff(Mode::Blackhole),
-    Fault::LeaseDeleted,
-    Fault::ConnectionResets,
-    Fault::ApiServerKilled,
-    Fault::ApiServerStopped,
-    Fault::EtcdKilled,
-    Fault::WatchExpiry,
-    Fault::SlowApi,
-    Fault::ApiServerCutOff,
-];
 
 fn main() {
     bench_main("soak", run);
@@ -104,10 +62,11 @@ async fn run() {
     let mut by_fault: BTreeMap<String, (usize, Duration, Duration)> = BTreeMap::new();
     let mut longest = (Duration::ZERO, None);
     for round in 0..rounds {
-        let fault = FAULTS[world.rng.below(FAULTS.len())];
+        let faults = [Fault::REPLICA.as_slice(), &Fault::CONTROL_PLANE].concat();
+        let fault = faults[world.rng.below(faults.len())];
         monitor.reset_longest();
         let began = Instant::now();
-        strike(&mut world, &mut members, fault).await;
+        fault.strike(&mut world, &mut members).await;
         // Replicas that left are not sampled any more: a new one may reuse an admin port.
         let remaining: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
         monitor.retain(&remaining);
@@ -194,39 +153,6 @@ fn summary(
         longest.0.as_secs_f64(),
         longest.1
     );
-}
-
-async fn strike(world: &mut World<'_>, members: &mut Vec<Member>, fault: Fault) {
-    match fault {
-        Fault::HandOver => faults::hand_over(world, members).await,
-        Fault::Crash => faults::crash(world, members).await,
-        Fault::Deposition => faults::deposition(world, members).await,
-        Fault::Outage(mode) => network::outage(world, members, mode).await,
-        Fault::Flap(mode) => network::flap(world, members, mode).await,
-        Fault::TerminateCutOff(mode) => network::terminate_cut_off(world, members, mode).await,
-        Fault::LeaseDeleted => faults::lease_deleted(world, members).await,
-        Fault::ConnectionResets => network::connection_resets(world, members).await,
-        Fault::ApiServerKilled | Fault::ApiServerStopped => {
-            let side = leader_side(world, members).await;
-            let stop = if fault == Fault::ApiServerKilled {
-                Stop::Kill
-            } else {
-                Stop::Graceful
-            };
-            control::restart(world, members, Server::ApiServer(side), stop).await;
-        }
-        Fault::EtcdKilled => control::restart(world, members, Server::Etcd, Stop::Kill).await,
-        Fault::WatchExpiry => control::watch_expiry(world, members).await,
-        Fault::SlowApi => control::slow_api(world, members).await,
-        Fault::ApiServerCutOff => control::apiserver_partition(world, members).await,
-    }
-}
-
-/// The API server of the current leader.
-async fn leader_side(world: &World<'_>, members: &[Member]) -> usize {
-    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
-    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
-    members[index].apiserver
 }
 
 /// Starts replicas until there are [`REPLICAS`], each on the API server with fewer of them.

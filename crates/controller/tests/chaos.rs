@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use harness::{
     CONVERGE, Replica,
     chaos::{
+        fault::Fault,
         faults::{crash, deposition, hand_over, lease_deleted},
         network::{connection_resets, flap, outage, terminate_cut_off},
         release_lease, slice_writes, take_lease, wait_any_leading,
@@ -29,19 +30,6 @@ use harness::{
 
 /// The controller binary this target was built with.
 const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
-
-/// The faults the soak draws from.
-#[derive(Clone, Copy, Debug)]
-enum Fault {
-    HandOver,
-    Crash,
-    Deposition,
-    Outage(Mode),
-    Flap(Mode),
-    TerminateCutOff(Mode),
-    LeaseDeleted,
-    ConnectionResets,
-}
 
 // === tests ===
 
@@ -180,33 +168,11 @@ async fn soak_random_faults_converge_every_round() {
         .unwrap_or(3);
     let mut world = World::new(BINARY, testbed, "chaos-soak").await;
     let mut members = world.start(&[true; 3]).await;
-    let faults = [
-        Fault::HandOver,
-        Fault::Crash,
-        Fault::Deposition,
-        Fault::Outage(Mode::Cut),
-        Fault::Outage(Mode::Blackhole),
-        Fault::Flap(Mode::Cut),
-        Fault::Flap(Mode::Blackhole),
-        Fault::TerminateCutOff(Mode::Cut),
-        Fault::TerminateCutOff(Mode::Blackhole),
-        Fault::LeaseDeleted,
-        Fault::ConnectionResets,
-    ];
     let started = Instant::now();
     for round in 0..rounds {
-        let fault = faults[world.rng.below(faults.len())];
+        let fault = Fault::REPLICA[world.rng.below(Fault::REPLICA.len())];
         let began = Instant::now();
-        match fault {
-            Fault::HandOver => hand_over(&mut world, &mut members).await,
-            Fault::Crash => crash(&mut world, &mut members).await,
-            Fault::Deposition => deposition(&mut world, &mut members).await,
-            Fault::Outage(mode) => outage(&mut world, &mut members, mode).await,
-            Fault::Flap(mode) => flap(&mut world, &mut members, mode).await,
-            Fault::TerminateCutOff(mode) => terminate_cut_off(&mut world, &mut members, mode).await,
-            Fault::LeaseDeleted => lease_deleted(&mut world, &mut members).await,
-            Fault::ConnectionResets => connection_resets(&mut world, &mut members).await,
-        }
+        fault.strike(&mut world, &mut members).await;
         while members.len() < 3 {
             members.push(world.member(true).await);
         }

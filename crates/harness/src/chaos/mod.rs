@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`world`] | one namespace, the client's model, the replicas ([`world::Member`]), the timings |
 //! | [`churn`] | the client that keeps changing objects, and its model to check slices against |
+//! | [`fault`] | the faults a soak draws from, and how each is struck |
 //! | [`faults`] | graceful exit, crash, deposition, Lease deleted |
 //! | [`network`] | outage, flap, SIGTERM while cut off, connection resets (through a [`Proxy`]) |
 //! | [`control`] | API server or etcd restarted, watch expiry, one of two API servers cut off |
@@ -23,6 +24,7 @@
 pub mod audit;
 pub mod churn;
 pub mod control;
+pub mod fault;
 pub mod faults;
 pub mod latency;
 pub mod lease;
