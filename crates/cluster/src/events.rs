@@ -56,8 +56,9 @@ impl Diagnostics {
                 "{}", diagnostic.problem
             );
             if fence.check().is_err() {
+                // Not published, so not remembered; the rest is still counted.
                 self.forget(key, diagnostic);
-                return;
+                continue;
             }
             let event = Event {
                 type_: EventType::Warning,
@@ -137,7 +138,7 @@ mod tests {
     use super::*;
     use crate::fake::{FakeApi, TestTerm};
 
-    /// One Service with one unusable workload port, reported through `diagnostics`.
+    /// One Service whose two workloads lack its named port, reported through `diagnostics`.
     struct Reporting {
         service: CachedService,
         key: ServiceKey,
@@ -157,13 +158,15 @@ mod tests {
             Self {
                 service: CachedService::from(&service),
                 key: ServiceKey::new("ns", "web"),
-                problems: vec![Diagnostic {
-                    workload: "vm-1".into(),
-                    problem: Problem::UnresolvedPort {
-                        port_name: "http".into(),
-                        protocol: "TCP".into(),
-                    },
-                }],
+                problems: ["vm-1", "vm-2"]
+                    .map(|workload| Diagnostic {
+                        workload: workload.into(),
+                        problem: Problem::UnresolvedPort {
+                            port_name: "http".into(),
+                            protocol: "TCP".into(),
+                        },
+                    })
+                    .into(),
                 metrics: Metrics::register(&mut Registry::default()),
                 diagnostics: Diagnostics::default(),
             }
@@ -200,11 +203,11 @@ mod tests {
         let api = FakeApi::default();
         reporting.report(&api, &ended).await;
         assert!(api.calls().is_empty(), "no Event after the term ended");
-        assert_eq!(reporting.counted(), 1, "the problem is still counted");
+        assert_eq!(reporting.counted(), 2, "both problems are still counted");
 
-        // Not remembered as published: the next term publishes it.
+        // Not remembered as published: the next term publishes them.
         reporting.report(&api, &TestTerm::new()).await;
-        assert_eq!(api.calls(), [PUBLISHED]);
+        assert_eq!(api.calls(), [PUBLISHED, PUBLISHED]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -214,12 +217,12 @@ mod tests {
         let api = FakeApi::default();
         reporting.report(&api, &term).await;
         reporting.report(&api, &term).await;
-        assert_eq!(api.calls(), [PUBLISHED]);
-        assert_eq!(reporting.counted(), 2, "every occurrence is counted");
+        assert_eq!(api.calls(), [PUBLISHED; 2], "one per workload");
+        assert_eq!(reporting.counted(), 4, "every occurrence is counted");
 
         tokio::time::advance(REPEAT_AFTER).await;
         reporting.report(&api, &term).await;
-        assert_eq!(api.calls(), [PUBLISHED, PUBLISHED]);
+        assert_eq!(api.calls(), [PUBLISHED; 4]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -230,6 +233,6 @@ mod tests {
         reporting.report(&api, &term).await;
         let api = FakeApi::default();
         reporting.report(&api, &term).await;
-        assert_eq!(api.calls(), [PUBLISHED]);
+        assert_eq!(api.calls(), [PUBLISHED; 2]);
     }
 }
