@@ -92,6 +92,11 @@ async fn run() {
         if (round + 1) % AUDIT_EVERY == 0 || round + 1 == rounds {
             let report = audit_now(&audit, &world, &members);
             assert!(
+                report.attributed > 0,
+                "round {round}: the audit attributed none of {} slice writes to a replica",
+                report.writes
+            );
+            assert!(
                 report.by_non_holder.is_empty(),
                 "round {round}: writes by a replica that did not hold the Lease: {:#?}",
                 report.by_non_holder
@@ -135,9 +140,9 @@ fn summary(
     println!("changes made: {}", world.changes);
     println!("changes lost: 0 (every round ended with the slices showing every change)");
     println!(
-        "slice writes audited: {} ({} unattributed: the faults' own writes; {} after a forced \
+        "slice writes audited: {} ({} attributed to a replica; {} unattributed: the faults' own writes; {} after a forced \
          deposition or Lease deletion; {} watch gaps)",
-        report.writes, report.unattributed, report.after_forced, report.gaps
+        report.writes, report.attributed, report.unattributed, report.after_forced, report.gaps
     );
     println!(
         "writes by a replica that was not the holder: {}",

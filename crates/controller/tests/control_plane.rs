@@ -100,13 +100,20 @@ impl Watchers {
         replicas.extend(world.retired.iter().map(|m| &m.replica));
         let report = self.audit.check(&replicas);
         eprintln!(
-            "audit: {} slice writes, {} by a non-holder, {} unattributed, {} samples, \
-             longest without a leader {:?}",
+            "audit: {} slice writes, {} attributed, {} by a non-holder, {} unattributed, \
+             {} samples, longest without a leader {:?}",
             report.writes,
+            report.attributed,
             report.by_non_holder.len(),
             report.unattributed,
             state.samples,
             state.longest_leaderless
+        );
+        assert!(
+            report.attributed > 0,
+            "the audit attributed none of {} slice writes to a replica (do the replicas' logs \
+             still say \"wrote slice\" at debug level?)",
+            report.writes
         );
         assert!(
             report.by_non_holder.is_empty(),

@@ -48,6 +48,9 @@ pub struct WriteAudit {
 pub struct AuditReport {
     /// Slice writes seen.
     pub writes: usize,
+    /// Writes a replica's log claims (the rest are the test's own, or from a replica whose
+    /// log is gone). Zero while the controller wrote means the audit no longer reads its logs.
+    pub attributed: usize,
     /// Writes no replica's log claims (the test's own, or a replica's log that is gone).
     pub unattributed: usize,
     /// Writes by a replica while the Lease named another replica, or nobody (released).
@@ -144,7 +147,8 @@ impl WriteAudit {
                     continue;
                 };
                 match entry["message"].as_str() {
-                    Some("created slice" | "updated slice") => {
+                    // The writer's debug lines: creates and updates, then deletes.
+                    Some("wrote slice") => {
                         if let Some(version) =
                             entry["version"].as_str().and_then(|v| v.parse().ok())
                         {
@@ -183,6 +187,7 @@ impl WriteAudit {
                 report.unattributed += 1;
                 continue;
             }
+            report.attributed += 1;
             let Some(holder) = holder_before(&leases, write.version) else {
                 // Before the first Lease record the audit saw: nothing to compare with.
                 continue;
