@@ -3,8 +3,10 @@
 //! - [`WriteAudit`] watches the managed slices and the Lease. etcd numbers every write of every
 //!   object with one revision (the resourceVersion), so "the holder at the moment of a slice
 //!   write" is the holder of the last Lease write before it. Each slice write is attributed to a
-//!   replica through the replica's own log (`created slice` / `updated slice` carry the
-//!   resourceVersion the API returned; `deleted slice` carries the name).
+//!   replica through the replica's own log (`wrote slice` carries the resourceVersion the API
+//!   returned for a create or update; `deleted slice` carries the name). A write that lands
+//!   within a few seconds of its replica losing the Lease by force (deleted, or taken by a
+//!   holder that is not a replica) was in flight when that happened and is counted apart.
 //! - [`LeaderMonitor`] samples every replica's `external_endpoints_leader` gauge: two leaders in
 //!   one sample, and the longest stretch with none.
 
@@ -61,8 +63,9 @@ pub struct AuditReport {
     pub unattributed: usize,
     /// Writes by a replica while the Lease named another replica, or nobody (released).
     pub by_non_holder: Vec<String>,
-    /// Writes by a replica after a foreign holder took the Lease or the Lease was deleted (a
-    /// forced deposition: writes already in flight may land; the fault's own test bounds them).
+    /// Writes by a replica within [`LATE_WRITE_BUDGET`] of a foreign holder taking the Lease
+    /// from it or the Lease being deleted (a forced deposition: writes already in flight may
+    /// land, even after another replica acquired; the fault's own test bounds them).
     pub after_forced: usize,
     /// Re-lists of the slice watch (history not audited).
     pub gaps: usize,
