@@ -63,9 +63,9 @@ pub struct AuditReport {
     pub unattributed: usize,
     /// Writes by a replica while the Lease named another replica, or nobody (released).
     pub by_non_holder: Vec<String>,
-    /// Writes by a replica within [`LATE_WRITE_BUDGET`] of a foreign holder taking the Lease
-    /// from it or the Lease being deleted (a forced deposition: writes already in flight may
-    /// land, even after another replica acquired; the fault's own test bounds them).
+    /// Writes by a replica within 3 s of a foreign holder taking the Lease from it or the Lease
+    /// being deleted (a forced deposition: writes already in flight may land, even after
+    /// another replica acquired; the fault's own test bounds them).
     pub after_forced: usize,
     /// Re-lists of the slice watch (history not audited).
     pub gaps: usize,
