@@ -180,20 +180,13 @@ pub async fn watch_expiry(world: &mut World<'_>, members: &mut Vec<Member>) {
             );
         }
     }
-    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
-    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
-    let mut old = members.remove(index);
-    old.replica.terminate();
-    assert!(old.replica.wait_exit(CONVERGE).await.success());
-    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
-    let (new, _) = wait_any_leading(&world.cluster, &replicas).await;
+    let new = world.stop_leader(members).await;
     wait_idle(&members[new].replica).await;
     assert_eq!(
         slice_versions(&world.cluster).await,
         versions,
         "the follower's re-listed caches differ from the API's objects"
     );
-    world.retire(old);
 
     let churn = world.churn(CHANGES / 2);
     world.settle(churn).await;

@@ -241,14 +241,7 @@ pub async fn connection_resets(world: &mut World<'_>, members: &mut Vec<Member>)
         .unwrap();
     eprintln!("resets: {resets} rounds; the leader's step-downs {step_downs} → {now}");
 
-    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
-    let (index, _) = wait_any_leading(&world.cluster, &replicas).await;
-    let mut old = members.remove(index);
-    old.replica.terminate();
-    assert!(old.replica.wait_exit(CONVERGE).await.success());
-    let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
-    wait_any_leading(&world.cluster, &replicas).await;
+    world.stop_leader(members).await;
     let model = world.model.clone();
     model.wait_reflected(&world.cluster, None).await;
-    world.retire(old);
 }

@@ -9,7 +9,7 @@ use crate::{
     CONVERGE, Cluster, Replica,
     chaos::{
         churn::{Churn, Model, Rng},
-        slice_versions,
+        slice_versions, wait_any_leading,
     },
     proxy::Proxy,
     replica::Binary,
@@ -126,6 +126,19 @@ impl<'a> World<'a> {
                 apiserver: 0,
             }
         }
+    }
+
+    /// Stops the leader gracefully (SIGTERM; it must exit cleanly), retires it from `members`,
+    /// and waits until another member leads; returns that member's index.
+    pub async fn stop_leader(&mut self, members: &mut Vec<Member>) -> usize {
+        let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+        let (index, _) = wait_any_leading(&self.cluster, &replicas).await;
+        let mut old = members.remove(index);
+        old.replica.terminate();
+        assert!(old.replica.wait_exit(CONVERGE).await.success());
+        self.retire(old);
+        let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+        wait_any_leading(&self.cluster, &replicas).await.0
     }
 
     /// Starts the client on a copy of the model.
