@@ -61,8 +61,8 @@ async fn run() {
 
     let mut by_fault: BTreeMap<String, (usize, Duration, Duration)> = BTreeMap::new();
     let mut longest = (Duration::ZERO, None);
+    let faults = [Fault::REPLICA.as_slice(), &Fault::CONTROL_PLANE].concat();
     for round in 0..rounds {
-        let faults = [Fault::REPLICA.as_slice(), &Fault::CONTROL_PLANE].concat();
         let fault = faults[world.rng.below(faults.len())];
         monitor.reset_longest();
         let began = Instant::now();
