@@ -44,7 +44,7 @@ use crate::{
     handlers::ServiceGate,
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
-    writer::{KubeWrites, WriteApi},
+    writer::KubeWrites,
 };
 
 /// Everything the controller is configured with.
@@ -90,16 +90,6 @@ impl Controller {
             instance: Some(config.lease.identity().to_string()),
         };
         let api = KubeWrites::new(client.clone(), reporter);
-        Self::with_writer(client, config, api, registry)
-    }
-
-    /// A controller writing through `api`.
-    fn with_writer<W: WriteApi>(
-        client: Client,
-        config: ControllerConfig,
-        api: W,
-        registry: &mut Registry,
-    ) -> Self {
         let caches = Arc::new(Caches::new());
         let metrics = Metrics::register(registry);
         let shared = Arc::new(Shared {
