@@ -5,17 +5,23 @@
 //!  watch(Service) ─┐                                  ┌─► reconcile(key, term) ─► plan ─► fenced writer
 //!  watch(EW) ──────┼─► Caches ─► Gate::dispatch ─► queue
 //!  watch(slices) ──┘   (always)  (leader only)
+//!       │ health: synced, stalled, age, version read ──► /ready, metrics, acquisition barrier
 //! ```
 //!
 //! Every replica runs the watches; the elector starts only once all three caches have synced,
-//! so a term never plans on a partial cache.
+//! so a term never plans on a partial cache, and a term acquired replays only once every cache
+//! has been shown at least as new as a version read from the API server after the acquisition
+//! (`watch::fresh`). The watches are supervised: one that ends or panics ends [`Controller::run`]
+//! with an error naming its kind (after a leader has handed over), never a silently frozen cache.
 #![deny(missing_docs)]
 
+mod app;
 mod caches;
 mod events;
 #[cfg(test)]
 mod fake;
 mod handlers;
+mod health;
 mod intern;
 pub mod measure;
 mod metrics;
@@ -24,26 +30,32 @@ mod store;
 mod watch;
 mod writer;
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use api::v1beta1::ExternalWorkload;
+use futures::FutureExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-use kube::{
-    Api, Client,
-    runtime::{events::Reporter, watcher},
-};
+use kube::{Api, Client, api::ListParams, runtime::events::Reporter};
 use leadership::{KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
+use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub use crate::health::CacheHealth;
 use crate::{
+    app::App,
     caches::Caches,
     events::Diagnostics,
     handlers::ServiceGate,
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
+    watch::{
+        fresh::{Freshness, ReadVersion},
+        health::{Command, KindHealth, version_number},
+        source::{Source, WatchCounters},
+    },
     writer::KubeWrites,
 };
 
@@ -60,6 +72,10 @@ pub struct ControllerConfig {
     pub stale_limit: std::time::Duration,
     /// Watch only this namespace; all namespaces when `None`.
     pub namespace: Option<String>,
+    /// A watch that delivers nothing (no event, no bookmark) for this long is stalled: it is
+    /// restarted, counted, and the replica is not ready meanwhile. Each watch asks the server for
+    /// a timeout of half this, so a healthy watch hears a bookmark well within it.
+    pub stall_bound: Duration,
 }
 
 /// Why the controller stopped with an error.
@@ -68,6 +84,15 @@ pub enum Error {
     /// Leader election stopped. Not retryable: the process exits and is restarted.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// A watch task ended or panicked: its cache would be frozen. Not retryable: the process
+    /// exits (after handing over, if it led) and is restarted.
+    #[error("the {kind} watch stopped: {reason}")]
+    WatchStopped {
+        /// The watched kind.
+        kind: &'static str,
+        /// How it stopped.
+        reason: String,
+    },
 }
 
 /// A controller ready to run: metrics registered, nothing started yet.
@@ -78,6 +103,15 @@ pub struct Controller {
     metrics: Metrics,
     runtime: Runtime<ServiceKey, TermState, ReconcileError>,
     elector: LeaseElector<KubeLeaseStore>,
+    health: CacheHealth,
+    commands: WatchCommands,
+}
+
+/// The command receivers of the three watches, taken when they start.
+struct WatchCommands {
+    services: mpsc::UnboundedReceiver<Command>,
+    workloads: mpsc::UnboundedReceiver<Command>,
+    slices: mpsc::UnboundedReceiver<Command>,
 }
 
 // === impl Controller ===
@@ -92,6 +126,30 @@ impl Controller {
         let api = KubeWrites::new(client.clone(), reporter);
         let caches = Arc::new(Caches::new());
         let metrics = Metrics::register(registry);
+        let kind = |name| {
+            let (health, commands) = KindHealth::new(name, config.stall_bound);
+            (Arc::new(health), commands)
+        };
+        let (services, services_commands) = kind("Service");
+        let (workloads, workloads_commands) = kind("ExternalWorkload");
+        let (slices, slices_commands) = kind("EndpointSlice");
+        let health = CacheHealth::new([services.clone(), workloads.clone(), slices.clone()]);
+        registry.register_collector(Box::new(health.clone()));
+        let selector = slice_selector(&config.slices);
+        let freshness = Freshness::new(vec![
+            (
+                services,
+                read_version(api_for::<Service>(&client, &config), None),
+            ),
+            (
+                workloads,
+                read_version(api_for::<ExternalWorkload>(&client, &config), None),
+            ),
+            (
+                slices,
+                read_version(api_for::<EndpointSlice>(&client, &config), Some(selector)),
+            ),
+        ]);
         let shared = Arc::new(Shared {
             caches: caches.clone(),
             config: config.slices.clone(),
@@ -100,7 +158,8 @@ impl Controller {
             metrics: metrics.clone(),
             stale_limit: config.stale_limit,
         });
-        let runtime = Runtime::new(config.runtime.clone(), SliceReconciler(shared));
+        let app = App::new(SliceReconciler(shared), freshness, metrics.clone());
+        let runtime = Runtime::new(config.runtime.clone(), app);
         let elector = LeaseElector::for_client(client.clone(), config.lease.clone());
         registry.register_collector(Box::new(LeadershipCollector {
             elector: elector.metrics(),
@@ -115,29 +174,43 @@ impl Controller {
             metrics,
             runtime,
             elector,
+            health,
+            commands: WatchCommands {
+                services: services_commands,
+                workloads: workloads_commands,
+                slices: slices_commands,
+            },
         }
     }
 
-    /// Runs until `shutdown`: watches start at once; once every cache has synced, `on_synced`
-    /// runs and the elector starts competing. On shutdown the runtime drains, then releases the
-    /// Lease, then this returns.
-    pub async fn run(
-        self,
-        on_synced: impl FnOnce() + Send,
-        shutdown: CancellationToken,
-    ) -> Result<(), Error> {
-        let watches = shutdown.child_token();
-        let gate = self.runtime.gate();
-        let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(3);
-        self.spawn_watches(&gate, synced_tx, watches.clone());
+    /// The health of the caches, for readiness: ready while every cache is synced, not stalled
+    /// and not re-listing past the stall bound.
+    pub fn health(&self) -> CacheHealth {
+        self.health.clone()
+    }
 
-        for _ in 0..3 {
-            tokio::select! {
-                _ = shutdown.cancelled() => {
-                    watches.cancel();
-                    return Ok(());
-                }
-                _ = synced_rx.recv() => {}
+    /// Runs until `shutdown`: watches start at once; once every cache has synced, the elector
+    /// starts competing. On shutdown the runtime drains, then releases the Lease, then this
+    /// returns. A watch that stops ends the run with [`Error::WatchStopped`] (a leader first
+    /// drains and releases, as on shutdown).
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        let stop_watches = CancellationToken::new();
+        let gate = self.runtime.gate();
+        let commands = std::mem::replace(&mut self.commands, WatchCommands::closed());
+        let mut watches = Watches::spawn(&self, &gate, commands, &stop_watches);
+
+        let synced = self.health.synced();
+        tokio::pin!(synced);
+        // A watch that stops before every cache has synced ends the run as well.
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                stop_watches.cancel();
+                return Ok(());
+            }
+            () = &mut synced => {}
+            stopped = watches.next_stopped() => {
+                stop_watches.cancel();
+                return Err(stopped);
             }
         }
         let (services, workloads, slices) = self.caches.summary();
@@ -147,77 +220,88 @@ impl Controller {
             slices,
             "caches synced; joining the election"
         );
-        on_synced();
 
-        let result = self.runtime.run(self.elector.spawn(), shutdown).await;
-        watches.cancel();
-        Ok(result?)
-    }
-
-    fn api<K>(&self) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match &self.config.namespace {
-            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-            None => Api::all(self.client.clone()),
-        }
-    }
-
-    fn spawn_watches(
-        &self,
-        gate: &ServiceGate,
-        synced: tokio::sync::mpsc::Sender<()>,
-        stop: CancellationToken,
-    ) {
-        let caches = self.caches.clone();
-        let config = self.config.slices.clone();
-        let selector = format!("{MANAGED_BY_LABEL}={}", config.managed_by());
-        let watches = Watches {
-            gate,
-            synced: &synced,
-            stop: &stop,
+        let stop_runtime = shutdown.child_token();
+        let runtime = self.runtime.run(self.elector.spawn(), stop_runtime.clone());
+        tokio::pin!(runtime);
+        let result = tokio::select! {
+            result = &mut runtime => result.map_err(Error::from),
+            stopped = watches.next_stopped() => {
+                tracing::error!(%stopped, "a watch stopped; handing over and exiting");
+                stop_runtime.cancel();
+                if let Err(error) = runtime.await {
+                    tracing::warn!(%error, "hand-over after a stopped watch failed");
+                }
+                Err(stopped)
+            }
         };
-        watches.spawn::<Service, _>(
-            self,
-            "Service",
-            watcher::Config::default(),
-            self.caches.services.clone(),
+        stop_watches.cancel();
+        result
+    }
+}
+
+/// The watches of a controller, supervised: each runs in `set`, and `kinds` names each task.
+struct Watches {
+    set: JoinSet<()>,
+    kinds: HashMap<tokio::task::Id, &'static str>,
+}
+
+// === impl Watches ===
+
+impl Watches {
+    fn spawn(
+        controller: &Controller,
+        gate: &ServiceGate,
+        commands: WatchCommands,
+        stop: &CancellationToken,
+    ) -> Self {
+        let mut watches = Self {
+            set: JoinSet::new(),
+            kinds: HashMap::new(),
+        };
+        let caches = controller.caches.clone();
+        let config = controller.config.slices.clone();
+        let [services, workloads, slices] = controller.health.kinds();
+        watches.start::<Service, _>(
+            controller,
+            gate,
+            stop,
+            (services, commands.services),
+            None,
+            controller.caches.services.clone(),
             handlers::on_service,
         );
-        watches.spawn::<ExternalWorkload, _>(
-            self,
-            "ExternalWorkload",
-            watcher::Config::default(),
-            self.caches.workloads.clone(),
+        watches.start::<ExternalWorkload, _>(
+            controller,
+            gate,
+            stop,
+            (workloads, commands.workloads),
+            None,
+            controller.caches.workloads.clone(),
             move |context, change| handlers::on_workload(context, &caches, change),
         );
-        watches.spawn::<EndpointSlice, _>(
-            self,
-            "EndpointSlice",
-            watcher::Config::default().labels(&selector),
-            self.caches.slices.clone(),
+        watches.start::<EndpointSlice, _>(
+            controller,
+            gate,
+            stop,
+            (slices, commands.slices),
+            Some(slice_selector(&controller.config.slices)),
+            controller.caches.slices.clone(),
             move |context, change| handlers::on_slice(context, &config, change),
         );
+        watches
     }
-}
 
-/// What every watch of a controller shares: its gate, the sync signal and the stop token.
-struct Watches<'a> {
-    gate: &'a ServiceGate,
-    synced: &'a tokio::sync::mpsc::Sender<()>,
-    stop: &'a CancellationToken,
-}
-
-impl Watches<'_> {
-    /// Spawns the watch of one kind: changes go into `cache`, then through `handler` while
-    /// leading; the first complete list signals `synced`.
-    fn spawn<K, H>(
-        &self,
+    /// Starts the watch of one kind: changes go into `cache`, then through `handler` while
+    /// leading.
+    #[allow(clippy::too_many_arguments)] // the one place a watch is assembled from its parts
+    fn start<K, H>(
+        &mut self,
         controller: &Controller,
-        kind: &'static str,
-        config: watcher::Config,
+        gate: &ServiceGate,
+        stop: &CancellationToken,
+        (health, commands): (Arc<KindHealth>, mpsc::UnboundedReceiver<Command>),
+        labels: Option<String>,
         cache: Arc<store::Store<K::Cached>>,
         handler: H,
     ) where
@@ -225,37 +309,111 @@ impl Watches<'_> {
         K::DynamicType: Default,
         H: Fn(&handlers::Context, &store::Change<K::Cached>) + Send + 'static,
     {
-        let gate = self.gate.clone();
-        let synced = self.synced.clone();
-        let labels = KindLabels { kind };
-        let counters = watch::WatchCounters {
-            errors: controller
-                .metrics
-                .watch_errors
-                .get_or_create(&labels)
-                .clone(),
-            relists: controller
-                .metrics
-                .watch_relists
-                .get_or_create(&labels)
-                .clone(),
+        let kind = health.kind();
+        let gate = gate.clone();
+        let labels_of_kind = KindLabels { kind };
+        let metrics = &controller.metrics;
+        let counters = WatchCounters {
+            errors: metrics.watch_errors.get_or_create(&labels_of_kind).clone(),
+            relists: metrics.watch_relists.get_or_create(&labels_of_kind).clone(),
+            stalls: metrics.watch_stalls.get_or_create(&labels_of_kind).clone(),
         };
+        let source = Source::new(
+            api_for::<K>(&controller.client, &controller.config),
+            labels,
+            health.clone(),
+            commands,
+            counters,
+        );
         // One span per watch: every line it logs names its kind.
         let span = tracing::info_span!("watch", kind);
         let watch = watch::run(
-            controller.api::<K>(),
-            config,
+            source,
             cache,
             controller.caches.interner.clone(),
+            health,
             move |change| {
                 gate.dispatch(|context| handler(context, &change));
             },
-            move || {
-                let _ = synced.try_send(());
-            },
-            counters,
-            self.stop.clone(),
+            stop.clone(),
         );
-        tokio::spawn(watch.instrument(span));
+        let task = self.set.spawn(watch.instrument(span));
+        self.kinds.insert(task.id(), kind);
     }
+
+    /// Waits for a watch to stop (they run until the stop token; any earlier end is a failure).
+    async fn next_stopped(&mut self) -> Error {
+        let stopped = match self.set.join_next_with_id().await {
+            Some(Ok((id, ()))) => (id, "it returned".to_string()),
+            Some(Err(error)) => (error.id(), error.to_string()),
+            None => return std::future::pending().await,
+        };
+        let kind = self.kinds.get(&stopped.0).copied().unwrap_or("unknown");
+        Error::WatchStopped {
+            kind,
+            reason: stopped.1,
+        }
+    }
+}
+
+// === impl WatchCommands ===
+
+impl WatchCommands {
+    /// Receivers with no sender, left behind once the watches have taken the real ones.
+    fn closed() -> Self {
+        let closed = || mpsc::unbounded_channel().1;
+        Self {
+            services: closed(),
+            workloads: closed(),
+            slices: closed(),
+        }
+    }
+}
+
+/// The Api of `K` in the watched namespace, or all namespaces.
+fn api_for<K>(client: &Client, config: &ControllerConfig) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match &config.namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The label selector of the managed slices.
+fn slice_selector(config: &slices::Config) -> String {
+    format!("{MANAGED_BY_LABEL}={}", config.managed_by())
+}
+
+/// A consistent read of the current resourceVersion of `api`'s objects: a LIST of at most one
+/// object's metadata, without a resourceVersion (served once the API server's cache has caught
+/// up with etcd).
+fn read_version<K>(api: Api<K>, labels: Option<String>) -> ReadVersion
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    Arc::new(move || {
+        let api = api.clone();
+        let mut params = ListParams::default().limit(1);
+        if let Some(labels) = &labels {
+            params = params.labels(labels);
+        }
+        async move {
+            let list = api.list_metadata(&params).await?;
+            Ok(list
+                .metadata
+                .resource_version
+                .as_deref()
+                .map_or(0, version_number))
+        }
+        .boxed()
+    })
 }

@@ -35,6 +35,11 @@ pub struct Metrics {
     pub watch_errors: Family<KindLabels, Counter>,
     /// Complete re-lists after the first list (after a 410 Gone, ...), by kind.
     pub watch_relists: Family<KindLabels, Counter>,
+    /// Watches silent past the stall bound, by kind.
+    pub watch_stalls: Family<KindLabels, Counter>,
+    /// How long the last acquisition barrier took (acquired → caches shown up to date).
+    pub acquire_barrier_seconds:
+        prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 /// How a reconcile ended.
@@ -127,6 +132,8 @@ impl Metrics {
             events_published: Counter::default(),
             watch_errors: Family::default(),
             watch_relists: Family::default(),
+            watch_stalls: Family::default(),
+            acquire_barrier_seconds: Default::default(),
         };
         // Every bounded label value starts at zero, so a rate() or an absence check works
         // before the first event.
@@ -181,6 +188,18 @@ impl Metrics {
             "Complete re-lists of a watched kind after its first list (410 Gone, a watch that \
              could not resume), by kind",
             metrics.watch_relists.clone(),
+        );
+        registry.register(
+            "watch_stalls",
+            "Watches that delivered nothing (no event, no bookmark) past the stall bound and were \
+             restarted, by kind",
+            metrics.watch_stalls.clone(),
+        );
+        registry.register(
+            "acquire_barrier_seconds",
+            "Time the last acquired term waited for every cache to be shown up to date with the \
+             API server before its replay",
+            metrics.acquire_barrier_seconds.clone(),
         );
         metrics
     }

@@ -1,7 +1,8 @@
 //! Admin HTTP server: `/live`, `/ready` and `/metrics`.
 //!
-//! `/ready` is true once every cache has synced, on followers as well as on the leader (a warm
-//! standby is ready to take over), and false again once shutdown starts.
+//! `/ready` is true while every cache is synced, its watch not stalled and not re-listing past
+//! the stall bound, on followers as well as on the leader (a warm standby is ready to take over),
+//! and false once shutdown starts.
 
 use std::{
     convert::Infallible,
@@ -20,10 +21,17 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Readiness as the admin server reports it.
-#[derive(Debug, Default)]
 pub struct Health {
-    caches_synced: AtomicBool,
+    caches: Box<dyn Fn() -> bool + Send + Sync>,
     shutting_down: AtomicBool,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("ready", &self.is_ready())
+            .finish()
+    }
 }
 
 /// What the server needs to answer requests.
@@ -35,9 +43,17 @@ pub struct Admin {
 // === impl Health ===
 
 impl Health {
-    /// Marks every cache as synced.
-    pub fn set_caches_synced(&self) {
-        self.caches_synced.store(true, Ordering::SeqCst);
+    /// Readiness that follows `caches` (synced, not stalled, not re-listing too long).
+    pub fn new(caches: cluster::CacheHealth) -> Self {
+        Self::following(move || caches.is_ready())
+    }
+
+    /// Readiness that follows `caches_ready`.
+    pub fn following(caches_ready: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            caches: Box::new(caches_ready),
+            shutting_down: AtomicBool::new(false),
+        }
     }
 
     /// Marks the process as shutting down: it stops reporting ready.
@@ -47,7 +63,7 @@ impl Health {
 
     /// Whether `/ready` answers 200.
     pub fn is_ready(&self) -> bool {
-        self.caches_synced.load(Ordering::SeqCst) && !self.shutting_down.load(Ordering::SeqCst)
+        !self.shutting_down.load(Ordering::SeqCst) && (self.caches)()
     }
 }
 
@@ -156,13 +172,24 @@ mod tests {
     }
 
     #[test]
-    fn ready_follows_cache_sync_and_shutdown() {
-        let health = Arc::new(Health::default());
+    fn ready_follows_the_caches_and_shutdown() {
+        let caches = Arc::new(AtomicBool::new(false));
+        let health = Arc::new(Health::following({
+            let caches = caches.clone();
+            move || caches.load(Ordering::SeqCst)
+        }));
         let admin = Admin::new(health.clone(), Registry::default());
         assert_eq!(get(&admin, "/live").0, StatusCode::OK);
         assert_eq!(get(&admin, "/ready").0, StatusCode::SERVICE_UNAVAILABLE);
-        health.set_caches_synced();
+        caches.store(true, Ordering::SeqCst);
         assert_eq!(get(&admin, "/ready").0, StatusCode::OK);
+        caches.store(false, Ordering::SeqCst);
+        assert_eq!(
+            get(&admin, "/ready").0,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a stalled cache"
+        );
+        caches.store(true, Ordering::SeqCst);
         health.set_shutting_down();
         assert_eq!(get(&admin, "/ready").0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(get(&admin, "/live").0, StatusCode::OK);
@@ -174,7 +201,7 @@ mod tests {
         let mut registry = Registry::default();
         let gauge = Gauge::<i64>::default();
         registry.register("answer", "A test gauge", gauge.clone());
-        let admin = Admin::new(Arc::new(Health::default()), registry);
+        let admin = Admin::new(Arc::new(Health::following(|| true)), registry);
         gauge.set(42);
         let (status, body) = get(&admin, "/metrics");
         assert_eq!(status, StatusCode::OK);

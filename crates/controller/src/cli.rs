@@ -76,6 +76,12 @@ pub struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub drain_timeout: Duration,
 
+    /// A watch that delivers nothing (no event, no bookmark) for this long is stalled: restarted
+    /// (then re-listed with plain LIST requests if it stalls again), counted, and the replica is
+    /// not ready meanwhile. Each watch asks the API server for a timeout of half this.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub watch_stall_timeout: Duration,
+
     /// Address of the admin HTTP server (/live, /ready, /metrics).
     #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9990")]
     pub admin_addr: SocketAddr,
@@ -136,6 +142,11 @@ impl Args {
             .ok_or("no identity: pass --identity or set POD_NAME or HOSTNAME")?;
         if self.resync_period.is_zero() {
             return Err("--resync-period must be greater than zero".into());
+        }
+        if self.watch_stall_timeout < Duration::from_secs(6) {
+            // The server timeout asked of each watch is half of it, and its bookmark comes two
+            // seconds before that timeout: below 6 s a healthy watch could look stalled.
+            return Err("--watch-stall-timeout must be at least 6s".into());
         }
         let timings =
             LeaseTimings::new(self.lease_duration, self.renew_deadline, self.retry_period)

@@ -38,7 +38,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     );
 
     let shutdown = CancellationToken::new();
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health::new(controller.health()));
     let admin = Admin::new(health.clone(), registry);
     let (admin_addr, serve_admin) = admin
         .bind(args.admin_addr, shutdown.child_token())
@@ -52,8 +52,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         "starting"
     );
 
-    let synced = health.clone();
-    let controller = controller.run(move || synced.set_caches_synced(), shutdown.clone());
+    let controller = controller.run(shutdown.clone());
     tokio::select! {
         result = controller => result?,
         () = signals(shutdown, health) => anyhow::bail!("second signal: exited without draining"),
@@ -77,6 +76,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
         },
         stale_limit: Duration::from_secs(30),
         namespace: args.watch_namespace.clone(),
+        stall_bound: args.watch_stall_timeout,
     }
 }
 

@@ -276,29 +276,21 @@ impl<K: QueueKey> WorkQueue<K> {
         self.inner.progress.notify_waiters();
     }
 
-    /// Waits until nothing is queued or being processed, and no retry is due before `deadline`.
-    pub async fn wait_idle(&self, deadline: Instant) {
+    /// Waits until nothing is queued or being processed. Keys waiting for a delayed add or a
+    /// retry are not waited for: a drain hands them over (the next leader replays every cached
+    /// object), so a Service waiting on a cache that has not yet seen this term's writes, or a
+    /// retry in backoff, never holds the Lease past the in-flight work.
+    pub async fn wait_idle(&self) {
         loop {
             let mut progress = pin!(self.inner.progress.notified());
             progress.as_mut().enable();
-            let wake_at = {
+            {
                 let state = self.inner.state.lock();
-                let next_due = state.delayed.keys().next().map(|(at, _)| *at);
-                let retry_due = next_due.filter(|at| *at <= deadline);
-                if state.ready.is_empty() && state.processing.is_empty() && retry_due.is_none() {
+                if state.closed || (state.ready.is_empty() && state.processing.is_empty()) {
                     return;
                 }
-                retry_due
-            };
-            match wake_at {
-                Some(at) => {
-                    tokio::select! {
-                        () = progress => {}
-                        () = sleep_until(at) => {}
-                    }
-                }
-                None => progress.await,
             }
+            progress.await;
         }
     }
 

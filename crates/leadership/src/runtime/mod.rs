@@ -77,6 +77,16 @@ pub trait Reconciler: Send + Sync + 'static {
     /// Why a reconcile failed; failed keys are retried with backoff.
     type Error: Display + Send + 'static;
 
+    /// Runs when a term is acquired, before its state is built and the caches are replayed:
+    /// the app brings what the replay reads up to date (for example, caches at least as new as
+    /// a point read from the API server after the acquisition). The term's handlers are not
+    /// registered until it completes; if the term ends first, the future is dropped. The
+    /// default does nothing.
+    fn prepare_term(&self, term: &Term) -> impl Future<Output = ()> + Send + 'static {
+        let _ = term;
+        std::future::ready(())
+    }
+
     /// Builds the state of a term that is starting.
     fn start_term(&self, term: &Term) -> Self::TermState;
 
@@ -95,6 +105,15 @@ pub trait Reconciler: Send + Sync + 'static {
 type ReconcileFn<K, S, E> =
     Arc<dyn Fn(K, TermContext<K, S>) -> BoxFuture<'static, Result<Action, E>> + Send + Sync>;
 
+type PrepareFn = Arc<dyn Fn(&Term) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// A term acquired whose preparation ([`Reconciler::prepare_term`]) has not finished: its
+/// handlers are not registered yet.
+struct Preparing {
+    term: Term,
+    ready: BoxFuture<'static, ()>,
+}
+
 /// A controller's runtime: handlers gated on leadership, a per-term work queue, workers, and a
 /// graceful shutdown (stop intake, drain, release).
 pub struct Runtime<K, S, E> {
@@ -102,6 +121,7 @@ pub struct Runtime<K, S, E> {
     gate: Gate<K, S>,
     queue: WorkQueue<K>,
     reconcile: ReconcileFn<K, S, E>,
+    prepare: PrepareFn,
     fence_metrics: FenceMetrics,
 }
 
@@ -134,7 +154,7 @@ where
     {
         let app = Arc::new(app);
         let queue = WorkQueue::new(&config.queue);
-        let (term_app, replay_app) = (app.clone(), app.clone());
+        let (term_app, replay_app, prepare_app) = (app.clone(), app.clone(), app.clone());
         let gate = Gate::new(
             queue.clone(),
             Arc::new(move |term: &Term| term_app.start_term(term)),
@@ -145,6 +165,7 @@ where
             gate,
             queue,
             reconcile: Arc::new(move |key, context| app.reconcile(key, context).boxed()),
+            prepare: Arc::new(move |term| prepare_app.prepare_term(term).boxed()),
             fence_metrics: FenceMetrics::default(),
         }
     }
@@ -175,11 +196,14 @@ where
     ) -> Result<(), RuntimeError> {
         let mut leadership = elector.leadership();
         let mut workers = self.spawn_workers();
+        // `current`: the term whose handlers are registered; `preparing`: a term acquired whose
+        // preparation has not finished (at most one of the two is set).
         let mut current: Option<Term> = None;
+        let mut preparing: Option<Preparing> = None;
         let mut next_resync = self.next_resync();
         let mut leadership_open = true;
         let initial = leadership.borrow_and_update().clone();
-        self.apply(&mut current, initial, &leadership);
+        self.apply(&mut current, &mut preparing, initial);
 
         loop {
             tokio::select! {
@@ -202,7 +226,17 @@ where
                         leadership_open = false;
                         None
                     };
-                    self.apply(&mut current, next, &leadership);
+                    self.apply(&mut current, &mut preparing, next);
+                }
+                () = async {
+                    match preparing.as_mut() {
+                        Some(preparing) => (&mut preparing.ready).await,
+                        None => std::future::pending().await,
+                    }
+                }, if preparing.is_some() => {
+                    if let Some(Preparing { term, .. }) = preparing.take() {
+                        self.start(&mut current, term, &leadership);
+                    }
                 }
                 Some(ended) = workers.join_next() => {
                     if let Some(term) = current.take() {
@@ -226,6 +260,8 @@ where
             }
         }
 
+        // A term still preparing has registered nothing and queued nothing: release at once.
+        drop(preparing);
         self.gate.close_intake();
         let deadline = Instant::now() + self.config.drain_timeout;
         if current.is_some() {
@@ -262,8 +298,10 @@ where
         );
         loop {
             tokio::select! {
-                () = self.queue.wait_idle(deadline) => {
-                    info!("drained");
+                () = self.queue.wait_idle() => {
+                    // Delayed keys (retries, Services waiting for the cache to show this term's
+                    // writes) are handed over: the next leader replays every cached object.
+                    info!(handed_over = self.queue.waiting(), "drained");
                     return;
                 }
                 () = sleep_until(deadline) => {
@@ -290,23 +328,42 @@ where
         }
     }
 
-    fn apply(&self, current: &mut Option<Term>, next: Option<Term>, leadership: &Leadership) {
-        if *current == next {
+    /// Follows a leadership change: a term that ends is stopped (or its preparation dropped); a
+    /// new term is prepared first, and started once its preparation finishes.
+    fn apply(
+        &self,
+        current: &mut Option<Term>,
+        preparing: &mut Option<Preparing>,
+        next: Option<Term>,
+    ) {
+        let held = current.as_ref().or(preparing.as_ref().map(|p| &p.term));
+        if held == next.as_ref() {
             return;
         }
         if let Some(old) = current.take() {
             self.gate.stop(old.id());
         }
-        if let Some(term) = next {
-            let fence = Fence::new(
-                term.clone(),
-                leadership.clone(),
-                self.config.fence_margin,
-                self.fence_metrics.clone(),
-            );
-            self.gate.start(term.clone(), fence);
-            *current = Some(term);
+        if let Some(old) = preparing.take() {
+            debug!(term = old.term.id(), "term ended while preparing");
         }
+        if let Some(term) = next {
+            *preparing = Some(Preparing {
+                ready: (self.prepare)(&term),
+                term,
+            });
+        }
+    }
+
+    /// Registers the handlers of a prepared term (the gate builds its state and replays).
+    fn start(&self, current: &mut Option<Term>, term: Term, leadership: &Leadership) {
+        let fence = Fence::new(
+            term.clone(),
+            leadership.clone(),
+            self.config.fence_margin,
+            self.fence_metrics.clone(),
+        );
+        self.gate.start(term.clone(), fence);
+        *current = Some(term);
     }
 
     fn next_resync(&self) -> Option<Instant> {

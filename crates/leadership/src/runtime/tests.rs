@@ -593,3 +593,107 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
         .expect("task")
         .expect("clean shutdown");
 }
+
+/// An app whose terms are prepared by waiting for `ready`: the acquisition barrier of an app
+/// whose caches must catch up with the API server before its replay.
+struct Prepared {
+    ready: Arc<Notify>,
+    replays: Arc<AtomicU64>,
+}
+
+impl Reconciler for Prepared {
+    type Key = u32;
+    type TermState = ();
+    type Error = Fenced;
+
+    fn prepare_term(&self, _term: &Term) -> impl Future<Output = ()> + Send + 'static {
+        let ready = self.ready.clone();
+        async move { ready.notified().await }
+    }
+
+    fn start_term(&self, _term: &Term) {}
+
+    fn replay(&self, _context: &TermContext<u32, ()>) {
+        self.replays.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[allow(clippy::manual_async_fn)] // the trait asks for a future that does not borrow `self`
+    fn reconcile(
+        &self,
+        _key: u32,
+        _context: TermContext<u32, ()>,
+    ) -> impl Future<Output = Result<Action, Fenced>> + Send + 'static {
+        async { Ok(Action::Done) }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_registers_and_replays_only_once_its_preparation_is_done() {
+    let (leadership, receiver) = watch::channel(None);
+    let ready = Arc::new(Notify::new());
+    let replays = Arc::new(AtomicU64::new(0));
+    let runtime = Runtime::new(
+        RuntimeConfig::default(),
+        Prepared {
+            ready: ready.clone(),
+            replays: replays.clone(),
+        },
+    );
+    let gate = runtime.gate();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
+
+    // A term lost while preparing never registers: its preparation is dropped.
+    leadership.send_replace(Some(Term::unbounded()));
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(gate.registered_term(), None, "still preparing");
+    leadership.send_replace(None);
+    sleep(Duration::from_millis(1)).await;
+    ready.notify_waiters();
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(gate.registered_term(), None, "the lost term never starts");
+    assert_eq!(replays.load(Ordering::SeqCst), 0);
+
+    // The next term starts once prepared.
+    let term = Term::unbounded();
+    leadership.send_replace(Some(term.clone()));
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(gate.registered_term(), None, "still preparing");
+    ready.notify_waiters();
+    assert!(
+        eventually(Duration::from_millis(50), || gate.registered_term()
+            == Some(term.id()))
+        .await
+    );
+    assert_eq!(
+        replays.load(Ordering::SeqCst),
+        1,
+        "replayed after the preparation"
+    );
+
+    shutdown.cancel();
+    run.await.expect("task").expect("clean shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_while_preparing_releases_at_once() {
+    let (_leadership, receiver) = watch::channel(Some(Term::unbounded()));
+    let runtime = Runtime::new(
+        RuntimeConfig::default(),
+        Prepared {
+            ready: Arc::new(Notify::new()),
+            replays: Arc::new(AtomicU64::new(0)),
+        },
+    );
+    let gate = runtime.gate();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(gate.registered_term(), None);
+    shutdown.cancel();
+    timeout(Duration::from_millis(1), run)
+        .await
+        .expect("nothing to drain: returned at once")
+        .expect("task")
+        .expect("clean shutdown");
+}

@@ -1,0 +1,205 @@
+//! The acquisition barrier: a new term plans from caches at least as new as a point read from the
+//! API server after the acquisition.
+//!
+//! A follower's watch may have been silent (a stalled connection) when it wins the Lease; its
+//! replay would then plan from a frozen cache, and every change made meanwhile would be lost
+//! until the stall was noticed. So before the replay, for each kind at once:
+//!
+//! 1. a consistent read of the kind's current resourceVersion (a LIST of one object, no
+//!    resourceVersion: served once the API server's own cache has caught up with etcd);
+//! 2. if the watch has already read that version, the cache is up to date;
+//! 3. otherwise the watch restarts from its last version with a three-second server timeout: the
+//!    server sends the events since that version, then a bookmark about a second later, and a
+//!    bookmark on a stream started after step 1 proves the cache holds everything up to it;
+//! 4. a watch that shows nothing within [`PROBE_WAIT`] (every watch connection stalled) re-lists
+//!    with plain paged LIST requests instead.
+//!
+//! The barrier runs until the caches are up to date or the term ends (the runtime then drops it).
+
+use std::{sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::health::{Command, KindHealth};
+
+/// How long a probe may take before the kind is re-listed instead.
+pub const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// Reads the current resourceVersion of a kind by a consistent read.
+pub type ReadVersion = Arc<dyn Fn() -> BoxFuture<'static, kube::Result<u64>> + Send + Sync>;
+
+/// The watched kinds, and how to read each one's current version.
+#[derive(Clone)]
+pub struct Freshness {
+    kinds: Vec<(Arc<KindHealth>, ReadVersion)>,
+}
+
+/// How a kind was shown up to date.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// The watch had already read the current version.
+    AlreadyRead,
+    /// A probe's stream reached it.
+    Probed,
+    /// A paged re-list.
+    Relisted,
+}
+
+// === impl Freshness ===
+
+impl Freshness {
+    /// A barrier over `kinds`.
+    pub fn new(kinds: Vec<(Arc<KindHealth>, ReadVersion)>) -> Self {
+        Self { kinds }
+    }
+
+    /// Waits until every cache is at least as new as a version read from the API server after
+    /// this call started; returns how long it took and how each kind was shown up to date.
+    pub async fn bring_up_to_date(&self) -> (Duration, Vec<(&'static str, Proof)>) {
+        let started = Instant::now();
+        let proofs =
+            futures::future::join_all(self.kinds.iter().map(|(health, read)| async move {
+                (health.kind(), up_to_date(health, read).await)
+            }))
+            .await;
+        (started.elapsed(), proofs)
+    }
+}
+
+async fn up_to_date(health: &KindHealth, read: &ReadVersion) -> Proof {
+    let mut delay = Duration::from_millis(100);
+    let version = loop {
+        match read().await {
+            Ok(version) => break version,
+            Err(error) => {
+                tracing::warn!(kind = health.kind(), %error, "cannot read the current version; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
+    // A version that is not a number proves nothing: only an answer to the probe counts.
+    let target = if version == 0 { u64::MAX } else { version };
+    if health.read_version() >= target {
+        return Proof::AlreadyRead;
+    }
+    let probe = health.request(Command::Probe);
+    if tokio::time::timeout(PROBE_WAIT, health.answered(probe, target))
+        .await
+        .is_ok()
+    {
+        return Proof::Probed;
+    }
+    tracing::warn!(
+        kind = health.kind(),
+        wait = ?PROBE_WAIT,
+        "watch did not show the cache up to date; re-listing with paged lists"
+    );
+    let relist = health.request(Command::Relist);
+    health.answered(relist, u64::MAX).await;
+    Proof::Relisted
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use futures::FutureExt;
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    fn reading(version: u64) -> ReadVersion {
+        Arc::new(move || async move { Ok(version) }.boxed())
+    }
+
+    fn kind(name: &'static str) -> (Arc<KindHealth>, mpsc::UnboundedReceiver<Command>) {
+        let (health, commands) = KindHealth::new(name, Duration::from_secs(30));
+        (Arc::new(health), commands)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_already_read_the_current_version_is_not_probed() {
+        let (health, mut commands) = kind("Service");
+        health.seen(Some(42));
+        let barrier = Freshness::new(vec![(health, reading(42))]);
+        let (took, proofs) = barrier.bring_up_to_date().await;
+        assert_eq!(proofs, vec![("Service", Proof::AlreadyRead)]);
+        assert_eq!(took, Duration::ZERO);
+        assert!(commands.try_recv().is_err(), "no command sent");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_behind_is_probed_and_the_barrier_waits_for_its_answer() {
+        let (health, mut commands) = kind("ExternalWorkload");
+        health.seen(Some(10));
+        let barrier = Freshness::new(vec![(health.clone(), reading(50))]);
+        let answering = tokio::spawn(async move {
+            let Some(Command::Probe(id)) = commands.recv().await else {
+                panic!("a probe")
+            };
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            // The probe's stream: a bookmark at a newer version.
+            health.seen(Some(51));
+            health.answer(id);
+        });
+        let (took, proofs) = barrier.bring_up_to_date().await;
+        assert_eq!(proofs, vec![("ExternalWorkload", Proof::Probed)]);
+        assert_eq!(took, Duration::from_millis(800));
+        answering.await.expect("answered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_watch_is_relisted_after_the_probe_wait() {
+        let (health, mut commands) = kind("EndpointSlice");
+        let barrier = Freshness::new(vec![(health.clone(), reading(7))]);
+        let answering = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some(command) = commands.recv().await {
+                seen.push(command);
+                if let Command::Relist(id) = command {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    health.answer(id);
+                    return seen;
+                }
+                // A probe on a stalled connection: no answer.
+            }
+            seen
+        });
+        let (took, proofs) = barrier.bring_up_to_date().await;
+        assert_eq!(proofs, vec![("EndpointSlice", Proof::Relisted)]);
+        assert_eq!(took, PROBE_WAIT + Duration::from_secs(2));
+        let seen = answering.await.expect("answered");
+        assert!(matches!(seen[..], [Command::Probe(_), Command::Relist(_)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_version_read_is_retried() {
+        let (health, _commands) = kind("Service");
+        health.seen(Some(9));
+        let calls = Arc::new(AtomicU64::new(0));
+        let read: ReadVersion = {
+            let calls = calls.clone();
+            Arc::new(move || {
+                let call = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if call < 2 {
+                        Err(kube::Error::Api(Box::new(
+                            kube::core::Status::failure("unavailable", "ServiceUnavailable")
+                                .with_code(503),
+                        )))
+                    } else {
+                        Ok(9)
+                    }
+                }
+                .boxed()
+            })
+        };
+        let (_, proofs) = Freshness::new(vec![(health, read)])
+            .bring_up_to_date()
+            .await;
+        assert_eq!(proofs, vec![("Service", Proof::AlreadyRead)]);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+}

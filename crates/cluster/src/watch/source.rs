@@ -1,0 +1,522 @@
+//! The source of one watch: list, then watch from the list's resourceVersion, resuming from the
+//! last version read whenever a stream ends, with a bound on silence.
+//!
+//! ```text
+//!  list (streaming, or paged) ──► watch from version ──► stream ends ──► resume from last version
+//!          ▲                            │ silent past the bound: stalled ──► resume (a new
+//!          │                            │   connection); stalled again ──► paged LIST, no watch
+//!          └──── 410 Gone / asked ──────┘ an error: backoff, resume
+//! ```
+//!
+//! Why not kube-runtime's watcher: it hides bookmarks, starts every restart with a full list and
+//! detects a silent connection only after its server timeout plus 5 s (295 s by default). Here a
+//! bookmark is a sign of life, a restart resumes from the last version read, and the server is
+//! asked for a timeout short enough that a healthy watch is never silent for long: each stream
+//! gets a bookmark two seconds before its timeout, so a watch that hears nothing for twice that
+//! timeout is stalled (docs/operations.md, "Quiet faults").
+
+use std::{collections::VecDeque, sync::Arc, time::Duration};
+
+use futures::{StreamExt, stream::BoxStream};
+use kube::{
+    Api, Resource,
+    api::{ListParams, WatchEvent, WatchParams},
+    core::Status,
+};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
+
+use super::health::{Command, KindHealth, version_number};
+
+/// Objects per page of a paged list.
+const PAGE_SIZE: u32 = 500;
+
+/// The server timeout of a probe's stream: its bookmark comes about a second after it starts.
+const PROBE_TIMEOUT_SECONDS: u32 = 3;
+
+/// The annotation of the bookmark that ends a streaming list's initial events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// What a watch reads, in order.
+#[derive(Debug)]
+pub enum Event<K> {
+    /// An object added or changed.
+    Apply(K),
+    /// An object deleted.
+    Delete(K),
+    /// A (re-)list starts: the objects that follow are the complete list.
+    ListStart,
+    /// An object of the list.
+    Listed(K),
+    /// The list is complete, as of `version`.
+    ListDone(Position),
+    /// The server's position, with no object (a bookmark).
+    Progress(Position),
+}
+
+/// Where the server is, and which requests a stream started after shows answered.
+#[derive(Clone, Copy, Debug)]
+pub struct Position {
+    /// The resourceVersion (0 when it is not a number).
+    pub version: u64,
+    /// The newest request made before the stream or list that read this started.
+    pub answers: u64,
+}
+
+/// The counters of one watch.
+#[derive(Clone, Debug, Default)]
+pub struct WatchCounters {
+    /// Errors, each retried with backoff.
+    pub errors: Counter,
+    /// Complete lists after the first (after a 410 Gone, a stall, or a request).
+    pub relists: Counter,
+    /// Streams that were silent past the stall bound.
+    pub stalls: Counter,
+}
+
+/// The source of one watch's events (see the module docs).
+pub struct Source<K: Resource> {
+    api: Api<K>,
+    labels: Option<String>,
+    health: Arc<KindHealth>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    counters: WatchCounters,
+    /// Whether the server offers streaming lists.
+    streaming: bool,
+    /// Where to resume; `None`: list first.
+    resume_from: Option<String>,
+    /// The next list is a paged LIST (after repeated stalls, or asked for).
+    paged: bool,
+    /// The next stream is a probe (short server timeout).
+    probe: bool,
+    stream: Option<Open<K>>,
+    paging: Option<Paging>,
+    pending: VecDeque<Event<K>>,
+    stalls_in_a_row: u32,
+    backoff: Backoff,
+}
+
+struct Open<K> {
+    events: BoxStream<'static, kube::Result<WatchEvent<K>>>,
+    answers: u64,
+    /// A streaming list's initial events are still coming.
+    listing: bool,
+}
+
+struct Paging {
+    continue_token: Option<String>,
+    answers: u64,
+}
+
+/// Exponential backoff between failed attempts: 200 ms doubling to 30 s, reset by success.
+struct Backoff {
+    next: Duration,
+}
+
+/// Why opening a stream or reading a page failed.
+type OpenError = kube::Error;
+
+// === impl Source ===
+
+impl<K> Source<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    /// A watch of `api` (objects with `labels`, when given) reporting to `health`.
+    pub fn new(
+        api: Api<K>,
+        labels: Option<String>,
+        health: Arc<KindHealth>,
+        commands: mpsc::UnboundedReceiver<Command>,
+        counters: WatchCounters,
+    ) -> Self {
+        Self {
+            api,
+            labels,
+            health,
+            commands,
+            counters,
+            streaming: true,
+            resume_from: None,
+            paged: false,
+            probe: false,
+            stream: None,
+            paging: None,
+            pending: VecDeque::new(),
+            stalls_in_a_row: 0,
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// The next event; retries, resumes and re-lists on its own, so it never ends.
+    pub async fn next(&mut self) -> Event<K> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return event;
+            }
+            if self.paging.is_some() {
+                if let Err(error) = self.next_page().await {
+                    self.failed(&error).await;
+                }
+                continue;
+            }
+            let Some(open) = self.stream.as_mut() else {
+                if let Err(error) = self.open().await {
+                    self.failed(&error).await;
+                }
+                continue;
+            };
+            let bound = self.health.stall_bound();
+            let item = tokio::select! {
+                command = self.commands.recv() => {
+                    match command {
+                        Some(command) => self.command(command),
+                        // Nobody can ask any more (the health is gone): keep watching.
+                        None => std::future::pending().await,
+                    }
+                    continue;
+                }
+                item = tokio::time::timeout(bound, open.events.next()) => item,
+            };
+            match item {
+                Err(_silent) => self.stalled(),
+                Ok(None) => self.ended(),
+                Ok(Some(Err(error))) => {
+                    self.stream = None;
+                    self.failed(&error).await;
+                }
+                Ok(Some(Ok(event))) => {
+                    if let Some(event) = self.event(event) {
+                        return event;
+                    }
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Probe(_) => {
+                tracing::debug!("probing: restarting the stream with a short timeout");
+                self.probe = true;
+            }
+            Command::Relist(_) => {
+                tracing::info!("re-listing on request");
+                self.paged = true;
+                self.resume_from = None;
+                self.paging = None;
+            }
+        }
+        // The request is answered by a stream started after it.
+        self.stream = None;
+    }
+
+    /// Opens the next stream: a list, or a watch from the last version read.
+    async fn open(&mut self) -> Result<(), OpenError> {
+        let answers = self.health.latest_request();
+        let Some(version) = self.resume_from.clone() else {
+            self.health.listing();
+            self.pending.push_back(Event::ListStart);
+            if self.streaming && !self.paged {
+                let mut params = self.params(None);
+                params.send_initial_events = true;
+                let opened = self.api.watch(&params, "").await;
+                let events = match opened {
+                    Err(error) if refused(&error) => {
+                        tracing::info!(%error, "streaming list refused; using paged lists");
+                        self.streaming = false;
+                        self.pending.clear();
+                        return Ok(());
+                    }
+                    opened => opened?,
+                };
+                self.stream = Some(Open {
+                    events: events.boxed(),
+                    answers,
+                    listing: true,
+                });
+            } else {
+                self.paged = false;
+                self.paging = Some(Paging {
+                    continue_token: None,
+                    answers,
+                });
+            }
+            return Ok(());
+        };
+        let timeout = std::mem::take(&mut self.probe).then_some(PROBE_TIMEOUT_SECONDS);
+        let events = self.api.watch(&self.params(timeout), &version).await?;
+        self.stream = Some(Open {
+            events: events.boxed(),
+            answers,
+            listing: false,
+        });
+        Ok(())
+    }
+
+    /// Reads one page of a paged list into `pending`.
+    async fn next_page(&mut self) -> Result<(), OpenError> {
+        let Some(paging) = self.paging.as_mut() else {
+            return Ok(());
+        };
+        let mut params = ListParams::default().limit(PAGE_SIZE);
+        if let Some(labels) = &self.labels {
+            params = params.labels(labels);
+        }
+        if let Some(token) = &paging.continue_token {
+            params = params.continue_token(token);
+        }
+        let page = match self.api.list(&params).await {
+            Err(error) if gone(&error) => {
+                // The continue token expired: list again from the start.
+                tracing::info!("paged list expired; listing again");
+                self.paging = None;
+                self.pending.clear();
+                self.resume_from = None;
+                self.paged = true;
+                return Ok(());
+            }
+            page => page?,
+        };
+        self.backoff.reset();
+        let version = page.metadata.resource_version.clone().unwrap_or_default();
+        self.health.seen(None);
+        self.pending
+            .extend(page.items.into_iter().map(Event::Listed));
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => paging.continue_token = Some(token),
+            None => {
+                let answers = paging.answers;
+                self.paging = None;
+                self.pending.push_back(Event::ListDone(Position {
+                    version: version_number(&version),
+                    answers,
+                }));
+                self.resume_from = Some(version);
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns one read of the stream into an event (or none, for what only moves the source).
+    fn event(&mut self, event: WatchEvent<K>) -> Option<Event<K>> {
+        let open = self.stream.as_mut()?;
+        self.stalls_in_a_row = 0;
+        self.backoff.reset();
+        let listing = open.listing;
+        let answers = open.answers;
+        match event {
+            WatchEvent::Added(object) | WatchEvent::Modified(object) if listing => {
+                Some(Event::Listed(object))
+            }
+            WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                self.resume_from = object.meta().resource_version.clone();
+                Some(Event::Apply(object))
+            }
+            WatchEvent::Deleted(object) => {
+                if !listing {
+                    self.resume_from = object.meta().resource_version.clone();
+                }
+                Some(Event::Delete(object))
+            }
+            WatchEvent::Bookmark(bookmark) => {
+                let version = bookmark.metadata.resource_version;
+                let position = Position {
+                    version: version_number(&version),
+                    answers,
+                };
+                let ends_list = bookmark
+                    .metadata
+                    .annotations
+                    .get(INITIAL_EVENTS_END)
+                    .is_some_and(|value| value == "true");
+                if listing && !ends_list {
+                    // A bookmark inside the initial events says nothing of the list's end.
+                    return None;
+                }
+                self.resume_from = Some(version);
+                open.listing = false;
+                Some(if listing {
+                    Event::ListDone(position)
+                } else {
+                    Event::Progress(position)
+                })
+            }
+            WatchEvent::Error(status) => {
+                self.stream = None;
+                self.status(&status, listing);
+                None
+            }
+        }
+    }
+
+    /// An error status inside the stream.
+    fn status(&mut self, status: &Status, listing: bool) {
+        if status.code == 410 {
+            tracing::info!(message = %status.message, "watch expired; re-listing");
+            self.resume_from = None;
+        } else if listing && self.streaming && matches!(status.code, 400 | 422 | 501) {
+            tracing::info!(message = %status.message, "streaming list refused; using paged lists");
+            self.streaming = false;
+            self.resume_from = None;
+        } else {
+            self.counters.errors.inc();
+            tracing::warn!(code = status.code, message = %status.message, "watch error; resuming");
+        }
+        if listing || self.resume_from.is_none() {
+            self.pending.clear();
+            self.resume_from = None;
+        }
+    }
+
+    /// The stream was silent past the stall bound.
+    fn stalled(&mut self) {
+        self.counters.stalls.inc();
+        self.health.stall();
+        self.stalls_in_a_row += 1;
+        let listing = self.stream.as_ref().is_some_and(|open| open.listing);
+        self.stream = None;
+        if self.stalls_in_a_row > 1 || listing {
+            // A new watch connection stalled too (a proxy that stalls every watch): read the
+            // state with plain LIST requests, which such a proxy passes.
+            tracing::warn!(
+                stalls = self.stalls_in_a_row,
+                bound = ?self.health.stall_bound(),
+                "watch silent past the stall bound again; re-listing with paged lists"
+            );
+            self.pending.clear();
+            self.resume_from = None;
+            self.paged = true;
+        } else {
+            tracing::warn!(
+                bound = ?self.health.stall_bound(),
+                "watch silent past the stall bound; resuming on a new connection"
+            );
+        }
+    }
+
+    /// The stream ended (the server's timeout, or a connection closed): resume, or list again
+    /// when a list was cut short.
+    fn ended(&mut self) {
+        let listing = self.stream.take().is_some_and(|open| open.listing);
+        if listing {
+            tracing::debug!("stream ended inside a list; listing again");
+            self.pending.clear();
+            self.resume_from = None;
+        }
+    }
+
+    async fn failed(&mut self, error: &kube::Error) {
+        self.counters.errors.inc();
+        self.stream = None;
+        if gone(error) {
+            tracing::info!(%error, "watch expired; re-listing");
+            self.pending.clear();
+            self.resume_from = None;
+            self.paging = None;
+            return;
+        }
+        let delay = self.backoff.next();
+        tracing::warn!(%error, ?delay, "watch failed; retrying");
+        tokio::time::sleep(delay).await;
+    }
+
+    fn params(&self, timeout: Option<u32>) -> WatchParams {
+        let mut params = WatchParams::default()
+            .timeout(timeout.unwrap_or_else(|| server_timeout(self.health.stall_bound())));
+        if let Some(labels) = &self.labels {
+            params = params.labels(labels);
+        }
+        params
+    }
+
+    /// Re-lists counted for the metrics (the consumer knows which list is the first).
+    pub fn count_relist(&self) {
+        self.counters.relists.inc();
+    }
+}
+
+/// The server timeout asked of each stream: half the stall bound, so that the bookmark the
+/// server sends two seconds before it (and the next stream's) arrive well within the bound.
+pub fn server_timeout(stall_bound: Duration) -> u32 {
+    let half = stall_bound.as_secs() / 2;
+    u32::try_from(half)
+        .unwrap_or(u32::MAX)
+        .max(PROBE_TIMEOUT_SECONDS)
+}
+
+/// Whether a failed start means the server does not offer streaming lists (so paged lists must
+/// be used): it rejects the `sendInitialEvents` watch as invalid (400, 422) or not implemented
+/// (501) rather than failing for a passing reason.
+fn refused(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if matches!(status.code, 400 | 422 | 501))
+}
+
+/// Whether the version asked for is gone (410): only a list can continue.
+fn gone(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 410)
+}
+
+// === impl Backoff ===
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    fn next(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("refused", "Invalid").with_code(code),
+        ))
+    }
+
+    #[test]
+    fn only_a_rejected_streaming_watch_switches_to_paged_lists() {
+        assert!(refused(&api_error(422)));
+        assert!(refused(&api_error(400)));
+        assert!(refused(&api_error(501)));
+        assert!(!refused(&api_error(500)), "a passing failure");
+        assert!(!refused(&api_error(403)), "not a question of the list mode");
+    }
+
+    #[test]
+    fn the_server_timeout_is_half_the_stall_bound_and_at_least_the_probe_timeout() {
+        assert_eq!(server_timeout(Duration::from_secs(30)), 15);
+        assert_eq!(server_timeout(Duration::from_secs(10)), 5);
+        assert_eq!(
+            server_timeout(Duration::from_secs(2)),
+            PROBE_TIMEOUT_SECONDS
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_resets() {
+        let mut backoff = Backoff::new();
+        assert_eq!(backoff.next(), Duration::from_millis(200));
+        assert_eq!(backoff.next(), Duration::from_millis(400));
+        for _ in 0..20 {
+            backoff.next();
+        }
+        assert_eq!(backoff.next(), Duration::from_secs(30));
+        backoff.reset();
+        assert_eq!(backoff.next(), Duration::from_millis(200));
+    }
+}
