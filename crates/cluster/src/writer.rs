@@ -5,6 +5,12 @@
 //! no delete once a create or update of the same pass failed; NotFound on delete is success.
 //! Each accepted write is recorded in the term's tracker, so the watch echo of our own write
 //! triggers nothing and a reconcile waits until the cache shows it.
+//!
+//! Every write is guarded by the version the plan was made from: updates by resourceVersion
+//! (a replace), deletes by uid and resourceVersion (preconditions). A write that was planned on
+//! a version someone has since changed (a late write of an ended term racing the new leader's
+//! rewrite, another writer) is refused with 409 and reported as [`WriteError::Conflict`]: the
+//! Service is planned again once the cache shows the newer version (issue 16).
 
 use std::{future::Future, time::Duration};
 
@@ -12,7 +18,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, PostParams, Preconditions},
     runtime::events::{Event, Recorder, Reporter},
 };
 use leadership::{Fence, Fenced};
@@ -36,12 +42,13 @@ pub trait WriteApi: Send + Sync + 'static {
         namespace: &str,
         slice: &EndpointSlice,
     ) -> impl Future<Output = Result<EndpointSlice, kube::Error>> + Send;
-    /// Deletes the slice `name` (only the object with `uid`, when given).
+    /// Deletes the slice `name`, only while it still matches `preconditions` (its uid and
+    /// resourceVersion as the plan saw them); a mismatch is answered 409.
     fn delete(
         &self,
         namespace: &str,
         name: &str,
-        uid: Option<&str>,
+        preconditions: &Preconditions,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Publishes `event` about the object `regarding`.
     fn publish_event(
@@ -77,7 +84,8 @@ pub enum WriteError {
     /// replays) or the lease is not safely held right now (retryable shortly).
     #[error(transparent)]
     Fenced(#[from] Fenced),
-    /// Another writer changed a slice first (409). Retryable soon: the cache will catch up.
+    /// The slice changed since the plan saw it (409 on an update, or on a delete whose uid or
+    /// resourceVersion precondition failed). Retryable soon: re-plan once the cache catches up.
     #[error("conflict writing slice {slice}: {source}")]
     Conflict {
         /// The slice name (or generateName).
@@ -102,7 +110,7 @@ pub struct Written {
     pub created: usize,
     /// Slices updated.
     pub updated: usize,
-    /// Slices deleted (NotFound included).
+    /// Slices deleted (NotFound included; a conflict is not a delete).
     pub deleted: usize,
 }
 
@@ -170,13 +178,10 @@ impl WriteApi for KubeWrites {
         &self,
         namespace: &str,
         name: &str,
-        uid: Option<&str>,
+        preconditions: &Preconditions,
     ) -> Result<(), kube::Error> {
         let params = DeleteParams {
-            preconditions: uid.map(|uid| kube::api::Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
+            preconditions: Some(preconditions.clone()),
             ..DeleteParams::default()
         };
         let api = self.api(namespace);
@@ -269,7 +274,13 @@ pub async fn write_plan<W: WriteApi>(
     }
 }
 
-/// Deletes `slice` (only that object, by UID); gone already counts as deleted.
+/// Deletes `slice`, only that object in the version the plan saw (uid and resourceVersion
+/// preconditions); gone already counts as deleted.
+///
+/// The resourceVersion precondition is what fences a late delete: a delete planned in an ended
+/// term, arriving after the new leader rewrote the slice (same uid, newer version), is refused
+/// with 409 instead of removing the new leader's endpoints. A 409 is a [`WriteError::Conflict`]
+/// (re-plan), never a success: the slice is still there, perhaps with endpoints to keep.
 async fn delete<W: WriteApi>(
     api: &W,
     key: &ServiceKey,
@@ -278,11 +289,14 @@ async fn delete<W: WriteApi>(
     metrics: &Metrics,
 ) -> Result<(), WriteError> {
     let name = slice_name(slice);
-    let uid = slice.metadata.uid.as_deref();
-    match api.delete(&key.namespace, &name, uid).await {
+    let preconditions = Preconditions {
+        uid: slice.metadata.uid.clone(),
+        resource_version: slice.metadata.resource_version.clone(),
+    };
+    match api.delete(&key.namespace, &name, &preconditions).await {
         Ok(()) => {}
-        // Already gone (or replaced by another object of that name): success.
-        Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
+        // Already gone: success.
+        Err(error) if status_code(&error) == Some(404) => {}
         Err(error) => {
             metrics.count_write_error(Operation::Delete);
             return Err(WriteError::from_api(slice, error));
@@ -321,9 +335,15 @@ mod tests {
     use slices::{CachedSlice, SERVICE_NAME_LABEL};
 
     use super::*;
-    use crate::fake::{FakeApi, TestTerm};
+    use crate::{
+        fake::{FakeApi, SliceServer, TestTerm},
+        metrics::WriteLabels,
+    };
 
     const NAMESPACE: &str = "ns";
+
+    /// The resourceVersion of every existing slice the plans of these tests were made from.
+    const PLANNED_VERSION: &str = "7";
 
     fn slice(name: &str, generate_name: bool) -> EndpointSlice {
         let mut metadata = ObjectMeta {
@@ -336,6 +356,7 @@ mod tests {
             metadata.generate_name = Some(name.into());
         } else {
             metadata.name = Some(name.into());
+            metadata.resource_version = Some(PLANNED_VERSION.into());
         }
         EndpointSlice {
             metadata,
@@ -434,14 +455,88 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn delete_answered_not_found_or_conflict_counts_as_deleted() {
-        let api = FakeApi::failing(&[("delete web-a", 404), ("delete web-b", 409)]);
+    async fn delete_answered_not_found_counts_as_deleted() {
+        let api = FakeApi::failing(&[("delete web-a", 404)]);
         let pass = Pass::new();
         let written = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
         assert_eq!(written.unwrap().deleted, 2);
         let tracker = pass.tracker.lock();
         assert!(tracker.is_expected_delete(&cached("web-a", false)));
         assert!(tracker.is_expected_delete(&cached("web-b", false)));
+    }
+
+    #[tokio::test]
+    async fn delete_answered_conflict_is_a_conflict_to_replan_not_a_delete() {
+        let api = FakeApi::failing(&[("delete web-a", 409)]);
+        let pass = Pass::new();
+        let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+        assert!(
+            matches!(error, Err(WriteError::Conflict { .. })),
+            "{error:?}"
+        );
+        assert_eq!(api.calls(), ["delete web-a"], "the pass stops there");
+        let tracker = pass.tracker.lock();
+        assert!(
+            !tracker.is_expected_delete(&cached("web-a", false)),
+            "the slice is still there: the cache must not wait for its delete"
+        );
+        let errors = pass.metrics.slice_write_errors.get_or_create(&WriteLabels {
+            operation: Operation::Delete,
+        });
+        assert_eq!(errors.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn deletes_carry_the_uid_and_resource_version_the_plan_saw() {
+        let api = FakeApi::default();
+        let pass = Pass::new();
+        pass.write(&api, &plan(&[], &[], &["web-a"])).await.unwrap();
+        let expected = Preconditions {
+            uid: Some("uid-web-a".into()),
+            resource_version: Some(PLANNED_VERSION.into()),
+        };
+        assert_eq!(api.delete_preconditions("web-a"), [expected]);
+    }
+
+    #[tokio::test]
+    async fn late_delete_of_an_ended_term_cannot_remove_a_slice_the_new_leader_rewrote() {
+        // The old leader planned the delete of web-a at PLANNED_VERSION; meanwhile the new
+        // leader rewrote web-a (same object, same uid, newer resourceVersion).
+        let server = SliceServer::new(Duration::ZERO);
+        let mut stored = slice("web-", true);
+        stored.metadata.uid = None;
+        let stored = server.create(NAMESPACE, &stored).unwrap();
+        let name = stored.metadata.name.clone().unwrap();
+        let rewritten = server.replace(NAMESPACE, &stored).unwrap();
+        let mut late = rewritten.clone();
+        late.metadata.resource_version = stored.metadata.resource_version.clone();
+        let plan = SlicePlan {
+            deletes: vec![late],
+            ..SlicePlan::default()
+        };
+
+        let api = FakeApi::backed_by(server.clone());
+        let pass = Pass::new();
+        let error = pass.write(&api, &plan).await;
+        assert!(
+            matches!(error, Err(WriteError::Conflict { .. })),
+            "{error:?}"
+        );
+        let kept = server.slices_of(NAMESPACE, "web");
+        assert_eq!(kept.len(), 1, "the rewritten slice is still there");
+        assert_eq!(kept[0].metadata.name.as_deref(), Some(name.as_str()));
+        assert_eq!(
+            kept[0].metadata.resource_version,
+            rewritten.metadata.resource_version
+        );
+
+        // Planned again from the version the cache now shows, the delete goes through.
+        let plan = SlicePlan {
+            deletes: vec![rewritten],
+            ..SlicePlan::default()
+        };
+        assert_eq!(pass.write(&api, &plan).await.unwrap().deleted, 1);
+        assert!(server.slices_of(NAMESPACE, "web").is_empty());
     }
 
     #[tokio::test]
