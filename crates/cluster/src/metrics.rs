@@ -54,6 +54,7 @@ pub enum Outcome {
     Error,
 }
 
+#[cfg(test)]
 impl Outcome {
     /// Every outcome, in the order the docs list them.
     pub const ALL: [Outcome; 5] = [
