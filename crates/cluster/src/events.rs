@@ -25,9 +25,10 @@ pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
 
 /// Bound on remembered Events; past it, the oldest are forgotten (and may be published again).
 ///
-/// An entry is a Service key and a diagnostic (a few short strings: a few hundred bytes), so the
-/// bound keeps this memory to about 10 MB even when 50k distinct problems show up within one
-/// repeat period, which only a whole cluster of broken workloads would cause.
+/// An entry is a Service key and a diagnostic: a few short strings, about 300 bytes with the
+/// map's own overhead (an estimate, not a measurement), so the bound keeps this memory to about
+/// 15 MB even when 50k distinct problems show up within one repeat period, which only a whole
+/// cluster of broken workloads would cause.
 pub const MAX_REMEMBERED: usize = 50_000;
 
 /// Publishes deduplicated Warning Events.
