@@ -66,11 +66,7 @@ impl Pass {
         }
     }
 
-    async fn write(
-        &self,
-        api: &impl WriteApi,
-        plan: &SlicePlan,
-    ) -> Result<Written, WriteError> {
+    async fn write(&self, api: &impl WriteApi, plan: &SlicePlan) -> Result<Written, WriteError> {
         let key = ServiceKey::new(NAMESPACE, "web");
         let fence = &self.term.fence;
         write_plan(api, &key, plan, fence, &self.tracker, &self.metrics).await
