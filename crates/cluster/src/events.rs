@@ -3,6 +3,11 @@
 //! Deduplicated: the same problem of the same workload for the same Service is published at most
 //! once per [`REPEAT_AFTER`], so a flapping workload, or a resync every few minutes, does not
 //! flood the Service's Events. Publishing is fenced like every other write.
+//!
+//! The memory of what was published is bounded: past [`MAX_REMEMBERED`] entries, expired ones
+//! are dropped, then the oldest published (a tenth of the bound at a time, so the cost of a
+//! clean-up is spread over many Events). A forgotten problem may be published once more before
+//! its repeat period is over; that is the price of the bound.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -19,12 +24,35 @@ use crate::{metrics::Metrics, writer::WriteApi};
 pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
 
 /// Bound on remembered Events; past it, the oldest are forgotten (and may be published again).
-const MAX_REMEMBERED: usize = 50_000;
+///
+/// An entry is a Service key and a diagnostic: a few short strings, about 300 bytes with the
+/// map's own overhead (an estimate, not a measurement), so the bound keeps this memory to about
+/// 15 MB even when 50k distinct problems show up within one repeat period, which only a whole
+/// cluster of broken workloads would cause.
+pub const MAX_REMEMBERED: usize = 50_000;
 
 /// Publishes deduplicated Warning Events.
-#[derive(Default)]
 pub struct Diagnostics {
-    published: Mutex<BTreeMap<(ServiceKey, Diagnostic), Instant>>,
+    published: Mutex<Published>,
+    /// How many entries `published` may hold.
+    capacity: usize,
+}
+
+/// A problem published, and when.
+type Entry = (ServiceKey, Diagnostic);
+
+/// The Events published recently, with the order they were published in.
+#[derive(Default)]
+struct Published {
+    entries: BTreeMap<Entry, PublishedAt>,
+    /// Counts publications, to tell the oldest entries apart even at the same instant.
+    sequence: u64,
+}
+
+#[derive(Clone, Copy)]
+struct PublishedAt {
+    at: Instant,
+    sequence: u64,
 }
 
 // === impl Diagnostics ===
@@ -83,26 +111,71 @@ impl Diagnostics {
         }
     }
 
+    /// Remembers at most `capacity` published Events instead of [`MAX_REMEMBERED`].
+    #[cfg(test)]
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            published: Mutex::default(),
+            capacity,
+        }
+    }
+
     fn forget(&self, key: &ServiceKey, diagnostic: &Diagnostic) {
         self.published
             .lock()
+            .entries
             .remove(&(key.clone(), diagnostic.clone()));
     }
 
+    /// Whether this problem is due to be published; if so, remembers it as published now.
     fn should_publish(&self, key: &ServiceKey, diagnostic: &Diagnostic) -> bool {
         let now = Instant::now();
         let mut published = self.published.lock();
-        if published.len() >= MAX_REMEMBERED {
-            published.retain(|_, at| now.duration_since(*at) < REPEAT_AFTER);
-        }
         let entry = (key.clone(), diagnostic.clone());
-        match published.get(&entry) {
-            Some(at) if now.duration_since(*at) < REPEAT_AFTER => false,
-            _ => {
-                published.insert(entry, now);
-                true
-            }
+        match published.entries.get(&entry) {
+            Some(last) if now.duration_since(last.at) < REPEAT_AFTER => return false,
+            Some(_) => {}
+            None => published.make_room(self.capacity, now),
         }
+        published.sequence += 1;
+        let sequence = published.sequence;
+        published
+            .entries
+            .insert(entry, PublishedAt { at: now, sequence });
+        true
+    }
+}
+
+impl Default for Diagnostics {
+    fn default() -> Self {
+        Self {
+            published: Mutex::default(),
+            capacity: MAX_REMEMBERED,
+        }
+    }
+}
+
+// === impl Published ===
+
+impl Published {
+    /// Makes room for one more entry within `capacity`: drops the expired entries, then, if
+    /// that is not enough, the oldest published tenth of the bound.
+    fn make_room(&mut self, capacity: usize, now: Instant) {
+        if self.entries.len() < capacity {
+            return;
+        }
+        self.entries
+            .retain(|_, last| now.duration_since(last.at) < REPEAT_AFTER);
+        if self.entries.len() < capacity {
+            return;
+        }
+        let keep = capacity.saturating_sub((capacity / 10).max(1));
+        let excess = self.entries.len() - keep;
+        let mut sequences: Vec<u64> = self.entries.values().map(|last| last.sequence).collect();
+        let (_, newest_forgotten, _) = sequences.select_nth_unstable(excess - 1);
+        let newest_forgotten = *newest_forgotten;
+        self.entries
+            .retain(|_, last| last.sequence > newest_forgotten);
     }
 }
 
@@ -223,6 +296,32 @@ mod tests {
         tokio::time::advance(REPEAT_AFTER).await;
         reporting.report(&api, &term).await;
         assert_eq!(api.calls(), [PUBLISHED; 4]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_bound_the_oldest_published_are_forgotten_first() {
+        let mut reporting = Reporting::new();
+        reporting.diagnostics = Diagnostics::with_capacity(10);
+        let term = TestTerm::new();
+        let api = FakeApi::default();
+        let problem = |workload: usize| Diagnostic {
+            workload: format!("vm-{workload}"),
+            problem: Problem::UnresolvedPort {
+                port_name: "http".into(),
+                protocol: "TCP".into(),
+            },
+        };
+        // 0..10 fill the memory (all within their repeat period); 10 forgets the oldest, 0.
+        reporting.problems = (0..=10).map(problem).collect();
+        reporting.report(&api, &term).await;
+        assert_eq!(api.calls().len(), 11);
+        assert!(reporting.diagnostics.published.lock().entries.len() <= 10);
+
+        // Still remembered: 1..=10 are held back. Forgotten: 0 is published again.
+        reporting.problems = (0..=10).rev().map(problem).collect();
+        reporting.report(&api, &term).await;
+        assert_eq!(api.calls().len(), 12, "only the forgotten problem again");
+        assert!(reporting.diagnostics.published.lock().entries.len() <= 10);
     }
 
     #[tokio::test(start_paused = true)]

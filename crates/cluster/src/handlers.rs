@@ -1,20 +1,37 @@
-//! Handlers: what a change seen by a watch means for the queue, while leading.
+//! Handlers: what a change seen by a watch means for the queue, while leading; and the state a
+//! term carries, which the handlers and the reconciles of that term share.
 //!
 //! The watches call these on every replica, always; [`Gate::dispatch`] runs the closure only
 //! while this replica leads, under the gate's lock, so a handler never runs on a follower.
+//!
+//! This module depends on the caches only: the reconcile (which uses [`replay`] and
+//! [`TermState`]) sits above it, the wiring above both.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use leadership::{Gate, TermContext};
-use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, affected};
+use parking_lot::Mutex;
+use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, Tracker, affected};
+use tokio::time::Instant;
 
-use crate::{caches::Caches, reconcile::TermState, store::Change};
+use crate::{caches::Caches, store::Change};
 
 /// The gate of this controller.
 pub type ServiceGate = Gate<ServiceKey, TermState>;
 
 /// The context handlers and reconciles get.
 pub type Context = TermContext<ServiceKey, TermState>;
+
+/// Per-term state: built fresh for every term (the stale-tracker scenario, docs/slices.md).
+#[derive(Default)]
+pub struct TermState {
+    /// What this term wrote and deleted: the slice handler skips our own writes coming back,
+    /// the reconcile waits until the cache shows them.
+    pub tracker: Mutex<Tracker>,
+    /// Since when each Service has been waiting on a cache behind this term's writes (the
+    /// reconcile gives up waiting after its stale limit).
+    pub stale_since: Mutex<HashMap<ServiceKey, Instant>>,
+}
 
 /// A Service change names that Service (add, update and delete alike).
 pub fn on_service(context: &Context, change: &Change<CachedService>) {

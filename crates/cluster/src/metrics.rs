@@ -43,16 +43,32 @@ pub struct Metrics {
 }
 
 /// How a reconcile ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Outcome {
     /// Planned and wrote (or had nothing to write).
     Ok,
-    /// The cache was behind; retried shortly without writing.
+    /// The cache was behind this term's writes; retried shortly without writing.
     Stale,
-    /// A write was refused by the fence.
+    /// A write was refused by the fence: the term is over (not retried; the next term replays)
+    /// or the lease is not safely held right now (retried shortly).
     Fenced,
+    /// A slice changed since the cache showed it (409 on an update or a delete); planned again
+    /// shortly.
+    Conflict,
     /// An API call failed; retried with backoff.
     Error,
+}
+
+#[cfg(test)]
+impl Outcome {
+    /// Every outcome, in the order the docs list them.
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Ok,
+        Outcome::Stale,
+        Outcome::Fenced,
+        Outcome::Conflict,
+        Outcome::Error,
+    ];
 }
 
 /// Label set with an [`Outcome`].
@@ -331,6 +347,39 @@ mod tests {
             );
             assert!(text.contains(&line), "{line} missing in\n{text}");
         }
+    }
+
+    /// docs/operations.md lists exactly the outcomes a reconcile is counted under.
+    #[test]
+    fn reconcile_outcomes_are_the_ones_the_operations_guide_lists() {
+        let guide = include_str!("../../../docs/operations.md");
+        let row = guide
+            .lines()
+            .find(|line| line.starts_with("| `external_endpoints_reconcile_duration_seconds`"))
+            .expect("the guide has a row for the reconcile histogram");
+        let listed = row.split('|').nth(3).expect("a labels column");
+        let documented: Vec<&str> = listed
+            .trim()
+            .trim_start_matches("`outcome`:")
+            .split(',')
+            .map(|label| label.trim().trim_matches('`'))
+            .collect();
+        let served: Vec<String> = Outcome::ALL
+            .iter()
+            .map(|outcome| {
+                let mut text = String::new();
+                let labels = OutcomeLabels { outcome: *outcome };
+                let family = Family::<OutcomeLabels, Counter>::default();
+                family.get_or_create(&labels).inc();
+                let mut registry = Registry::default();
+                registry.register("r", "", family);
+                prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+                let start = text.find("outcome=\"").unwrap() + "outcome=\"".len();
+                let end = start + text[start..].find('"').unwrap();
+                text[start..end].to_string()
+            })
+            .collect();
+        assert_eq!(documented, served);
     }
 
     #[test]

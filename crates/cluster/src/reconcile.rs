@@ -1,16 +1,19 @@
 //! One reconcile: caches → stale check → plan → fenced writes → tracker.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use leadership::{Action, Fenced, TermContext};
-use parking_lot::Mutex;
-use slices::{CachedSlice, CachedWorkload, Freshness, ServiceKey, Tracker, plan_cached};
+use slices::{CachedSlice, CachedWorkload, Freshness, ServiceKey, plan_cached};
 use tokio::time::Instant;
 
+// `TermState` lives beside the handlers that share it, so handlers never import this module;
+// re-exported for the wiring.
+pub use crate::handlers::TermState;
 use crate::{
     caches::Caches,
     events::Diagnostics,
+    handlers,
     metrics::{Metrics, Outcome, OutcomeLabels},
     writer::{WriteApi, WriteError, write_plan},
 };
@@ -23,15 +26,6 @@ pub const CONFLICT_RETRY: Duration = Duration::from_millis(250);
 
 /// How soon a Service is looked at again when the lease is not safely held right now.
 pub const FENCED_RETRY: Duration = Duration::from_secs(1);
-
-/// Per-term state: built fresh for every term (the stale-tracker scenario, docs/slices.md).
-#[derive(Default)]
-pub struct TermState {
-    /// What this term wrote and deleted.
-    pub tracker: Mutex<Tracker>,
-    /// Since when each Service has been waiting on a stale cache.
-    stale_since: Mutex<HashMap<ServiceKey, Instant>>,
-}
 
 /// What every reconcile shares.
 pub struct Shared<W> {
@@ -64,7 +58,7 @@ impl<W: WriteApi> leadership::Reconciler for SliceReconciler<W> {
     }
 
     fn replay(&self, context: &TermContext<ServiceKey, TermState>) {
-        crate::handlers::replay(context, &self.0.caches, &self.0.config);
+        handlers::replay(context, &self.0.caches, &self.0.config);
     }
 
     fn reconcile(
@@ -94,9 +88,7 @@ pub async fn reconcile<W: WriteApi>(
     let started = Instant::now();
     let result = reconcile_inner(&key, &context, &shared).await;
     let outcome = match &result {
-        Ok(ReconcileOutcome::Stale) => Outcome::Stale,
-        Ok(ReconcileOutcome::Fenced) => Outcome::Fenced,
-        Ok(_) => Outcome::Ok,
+        Ok(passed) => passed.metric(),
         Err(_) => Outcome::Error,
     };
     shared
@@ -105,10 +97,7 @@ pub async fn reconcile<W: WriteApi>(
         .get_or_create(&OutcomeLabels { outcome })
         .observe(started.elapsed().as_secs_f64());
     match result {
-        Ok(ReconcileOutcome::Done) => Ok(Action::Done),
-        Ok(ReconcileOutcome::Stale) => Ok(Action::RequeueAfter(STALE_RETRY)),
-        Ok(ReconcileOutcome::Fenced) => Ok(Action::RequeueAfter(FENCED_RETRY)),
-        Ok(ReconcileOutcome::Conflict) => Ok(Action::RequeueAfter(CONFLICT_RETRY)),
+        Ok(passed) => Ok(passed.action()),
         Err(error) => {
             tracing::warn!(%error, "reconcile failed; will retry");
             Err(error)
@@ -116,11 +105,45 @@ pub async fn reconcile<W: WriteApi>(
     }
 }
 
+/// How a reconcile that did not fail ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReconcileOutcome {
+    /// Planned, and wrote what the plan asked (or nothing was to be written).
     Done,
+    /// The cache is behind this term's writes: nothing written, look again shortly.
     Stale,
-    Fenced,
+    /// The term is over: its fence refused a write. Nothing more to do in this term; the next
+    /// term replays everything.
+    TermEnded,
+    /// The lease is not safely held right now: its fence refused a write; look again later.
+    NotSafelyHeld,
+    /// A slice changed since the cache showed it (409): plan again once the cache catches up.
     Conflict,
+}
+
+// === impl ReconcileOutcome ===
+
+impl ReconcileOutcome {
+    /// The `outcome` label it is counted under.
+    fn metric(self) -> Outcome {
+        match self {
+            ReconcileOutcome::Done => Outcome::Ok,
+            ReconcileOutcome::Stale => Outcome::Stale,
+            ReconcileOutcome::TermEnded | ReconcileOutcome::NotSafelyHeld => Outcome::Fenced,
+            ReconcileOutcome::Conflict => Outcome::Conflict,
+        }
+    }
+
+    /// What the queue does with the key next.
+    fn action(self) -> Action {
+        match self {
+            // A term that is over has no queue left to requeue into.
+            ReconcileOutcome::Done | ReconcileOutcome::TermEnded => Action::Done,
+            ReconcileOutcome::Stale => Action::RequeueAfter(STALE_RETRY),
+            ReconcileOutcome::NotSafelyHeld => Action::RequeueAfter(FENCED_RETRY),
+            ReconcileOutcome::Conflict => Action::RequeueAfter(CONFLICT_RETRY),
+        }
+    }
 }
 
 async fn reconcile_inner<W: WriteApi>(
@@ -202,16 +225,52 @@ async fn reconcile_inner<W: WriteApi>(
         }
         Err(WriteError::Fenced(Fenced::TermEnded { .. })) => {
             tracing::info!("term over; write refused (the next term replays)");
-            Ok(ReconcileOutcome::Done)
+            Ok(ReconcileOutcome::TermEnded)
         }
         Err(WriteError::Fenced(Fenced::LeaseNotSafelyHeld { .. })) => {
             tracing::info!("lease not safely held; write refused, retrying shortly");
-            Ok(ReconcileOutcome::Fenced)
+            Ok(ReconcileOutcome::NotSafelyHeld)
         }
         Err(WriteError::Conflict { slice, .. }) => {
-            tracing::debug!(%slice, "write conflict; retrying once the cache catches up");
+            tracing::debug!(%slice, "write conflict; planning again once the cache catches up");
             Ok(ReconcileOutcome::Conflict)
         }
         Err(error) => Err(error.into()),
+    }
+}
+
+#[cfg(test)]
+mod scenarios;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_is_counted_under_its_own_label_and_requeued_as_it_needs() {
+        let cases = [
+            (ReconcileOutcome::Done, Outcome::Ok, Action::Done),
+            (
+                ReconcileOutcome::Stale,
+                Outcome::Stale,
+                Action::RequeueAfter(STALE_RETRY),
+            ),
+            // The term is over: its queue is gone, the next term replays.
+            (ReconcileOutcome::TermEnded, Outcome::Fenced, Action::Done),
+            (
+                ReconcileOutcome::NotSafelyHeld,
+                Outcome::Fenced,
+                Action::RequeueAfter(FENCED_RETRY),
+            ),
+            (
+                ReconcileOutcome::Conflict,
+                Outcome::Conflict,
+                Action::RequeueAfter(CONFLICT_RETRY),
+            ),
+        ];
+        for (outcome, label, action) in cases {
+            assert_eq!(outcome.metric(), label, "{outcome:?}");
+            assert_eq!(outcome.action(), action, "{outcome:?}");
+        }
     }
 }

@@ -5,6 +5,12 @@
 //! no delete once a create or update of the same pass failed; NotFound on delete is success.
 //! Each accepted write is recorded in the term's tracker, so the watch echo of our own write
 //! triggers nothing and a reconcile waits until the cache shows it.
+//!
+//! Every write is guarded by the version the plan was made from: updates by resourceVersion
+//! (a replace), deletes by uid and resourceVersion (preconditions). A write that was planned on
+//! a version someone has since changed (a late write of an ended term racing the new leader's
+//! rewrite, another writer) is refused with 409 and reported as [`WriteError::Conflict`]: the
+//! Service is planned again once the cache shows the newer version (issue 16).
 
 use std::{future::Future, time::Duration};
 
@@ -12,7 +18,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, PostParams, Preconditions},
     runtime::events::{Event, Recorder, Reporter},
 };
 use leadership::{Fence, Fenced};
@@ -36,12 +42,13 @@ pub trait WriteApi: Send + Sync + 'static {
         namespace: &str,
         slice: &EndpointSlice,
     ) -> impl Future<Output = Result<EndpointSlice, kube::Error>> + Send;
-    /// Deletes the slice `name` (only the object with `uid`, when given).
+    /// Deletes the slice `name`, only while it still matches `preconditions` (its uid and
+    /// resourceVersion as the plan saw them); a mismatch is answered 409.
     fn delete(
         &self,
         namespace: &str,
         name: &str,
-        uid: Option<&str>,
+        preconditions: &Preconditions,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Publishes `event` about the object `regarding`.
     fn publish_event(
@@ -77,7 +84,8 @@ pub enum WriteError {
     /// replays) or the lease is not safely held right now (retryable shortly).
     #[error(transparent)]
     Fenced(#[from] Fenced),
-    /// Another writer changed a slice first (409). Retryable soon: the cache will catch up.
+    /// The slice changed since the plan saw it (409 on an update, or on a delete whose uid or
+    /// resourceVersion precondition failed). Retryable soon: re-plan once the cache catches up.
     #[error("conflict writing slice {slice}: {source}")]
     Conflict {
         /// The slice name (or generateName).
@@ -102,7 +110,7 @@ pub struct Written {
     pub created: usize,
     /// Slices updated.
     pub updated: usize,
-    /// Slices deleted (NotFound included).
+    /// Slices deleted (NotFound included; a conflict is not a delete).
     pub deleted: usize,
 }
 
@@ -170,13 +178,10 @@ impl WriteApi for KubeWrites {
         &self,
         namespace: &str,
         name: &str,
-        uid: Option<&str>,
+        preconditions: &Preconditions,
     ) -> Result<(), kube::Error> {
         let params = DeleteParams {
-            preconditions: uid.map(|uid| kube::api::Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
+            preconditions: Some(preconditions.clone()),
             ..DeleteParams::default()
         };
         let api = self.api(namespace);
@@ -269,7 +274,13 @@ pub async fn write_plan<W: WriteApi>(
     }
 }
 
-/// Deletes `slice` (only that object, by UID); gone already counts as deleted.
+/// Deletes `slice`, only that object in the version the plan saw (uid and resourceVersion
+/// preconditions); gone already counts as deleted.
+///
+/// The resourceVersion precondition is what fences a late delete: a delete planned in an ended
+/// term, arriving after the new leader rewrote the slice (same uid, newer version), is refused
+/// with 409 instead of removing the new leader's endpoints. A 409 is a [`WriteError::Conflict`]
+/// (re-plan), never a success: the slice is still there, perhaps with endpoints to keep.
 async fn delete<W: WriteApi>(
     api: &W,
     key: &ServiceKey,
@@ -278,11 +289,14 @@ async fn delete<W: WriteApi>(
     metrics: &Metrics,
 ) -> Result<(), WriteError> {
     let name = slice_name(slice);
-    let uid = slice.metadata.uid.as_deref();
-    match api.delete(&key.namespace, &name, uid).await {
+    let preconditions = Preconditions {
+        uid: slice.metadata.uid.clone(),
+        resource_version: slice.metadata.resource_version.clone(),
+    };
+    match api.delete(&key.namespace, &name, &preconditions).await {
         Ok(()) => {}
-        // Already gone (or replaced by another object of that name): success.
-        Err(error) if matches!(status_code(&error), Some(404 | 409)) => {}
+        // Already gone: success.
+        Err(error) if status_code(&error) == Some(404) => {}
         Err(error) => {
             metrics.count_write_error(Operation::Delete);
             return Err(WriteError::from_api(slice, error));
@@ -312,205 +326,4 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The write path against a fake [`WriteApi`] that fails or ends the term at exact calls.
-    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
-
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use prometheus_client::registry::Registry;
-    use slices::{CachedSlice, SERVICE_NAME_LABEL};
-
-    use super::*;
-    use crate::fake::{FakeApi, TestTerm};
-
-    const NAMESPACE: &str = "ns";
-
-    fn slice(name: &str, generate_name: bool) -> EndpointSlice {
-        let mut metadata = ObjectMeta {
-            namespace: Some(NAMESPACE.into()),
-            uid: Some(format!("uid-{name}")),
-            labels: Some([(SERVICE_NAME_LABEL.to_owned(), "web".to_owned())].into()),
-            ..ObjectMeta::default()
-        };
-        if generate_name {
-            metadata.generate_name = Some(name.into());
-        } else {
-            metadata.name = Some(name.into());
-        }
-        EndpointSlice {
-            metadata,
-            ..EndpointSlice::default()
-        }
-    }
-
-    fn cached(name: &str, generate_name: bool) -> CachedSlice {
-        CachedSlice::from(&slice(name, generate_name))
-    }
-
-    fn plan(creates: &[&str], updates: &[&str], deletes: &[&str]) -> SlicePlan {
-        let existing = |names: &[&str]| names.iter().map(|name| slice(name, false)).collect();
-        SlicePlan {
-            creates: creates.iter().map(|name| slice(name, true)).collect(),
-            updates: existing(updates),
-            deletes: existing(deletes),
-            diagnostics: Vec::new(),
-        }
-    }
-
-    /// The parts one pass needs: a term that lasts until a test ends it, a tracker, metrics.
-    struct Pass {
-        term: TestTerm,
-        tracker: Mutex<Tracker>,
-        metrics: Metrics,
-    }
-
-    impl Pass {
-        fn new() -> Self {
-            Self {
-                term: TestTerm::new(),
-                tracker: Mutex::new(Tracker::new()),
-                metrics: Metrics::register(&mut Registry::default()),
-            }
-        }
-
-        async fn write(
-            &self,
-            api: &impl WriteApi,
-            plan: &SlicePlan,
-        ) -> Result<Written, WriteError> {
-            let key = ServiceKey::new(NAMESPACE, "web");
-            let fence = &self.term.fence;
-            write_plan(api, &key, plan, fence, &self.tracker, &self.metrics).await
-        }
-    }
-
-    #[tokio::test]
-    async fn writes_creates_then_updates_then_deletes_and_records_each() {
-        let api = FakeApi::default();
-        let pass = Pass::new();
-        let plan = plan(&["web-"], &["web-a"], &["web-b"]);
-        let written = pass.write(&api, &plan).await.unwrap();
-        assert_eq!(
-            api.calls(),
-            ["create web-", "replace web-a", "delete web-b"]
-        );
-        let expected = Written {
-            created: 1,
-            updated: 1,
-            deleted: 1,
-        };
-        assert_eq!(written, expected);
-        let tracker = pass.tracker.lock();
-        let mut created = slice("web-x1", false);
-        created.metadata.resource_version = Some("1".into());
-        assert!(
-            tracker.is_own_write(&CachedSlice::from(&created)),
-            "create recorded"
-        );
-        assert!(
-            tracker.is_expected_delete(&cached("web-b", false)),
-            "delete recorded"
-        );
-    }
-
-    #[tokio::test]
-    async fn failed_create_sends_the_updates_but_no_delete() {
-        let api = FakeApi::failing(&[("create web-", 500)]);
-        let pass = Pass::new();
-        let plan = plan(&["web-"], &["web-a"], &["web-b", "web-c"]);
-        let error = pass.write(&api, &plan).await.unwrap_err();
-        assert!(matches!(error, WriteError::Api { .. }), "{error:?}");
-        assert_eq!(api.calls(), ["create web-", "replace web-a"]);
-    }
-
-    #[tokio::test]
-    async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
-        let api = FakeApi::failing(&[("replace web-a", 409)]);
-        let pass = Pass::new();
-        let plan = plan(&[], &["web-a", "web-b"], &["web-c"]);
-        let error = pass.write(&api, &plan).await.unwrap_err();
-        assert!(matches!(error, WriteError::Conflict { .. }), "{error:?}");
-        assert_eq!(api.calls(), ["replace web-a", "replace web-b"]);
-    }
-
-    #[tokio::test]
-    async fn delete_answered_not_found_or_conflict_counts_as_deleted() {
-        let api = FakeApi::failing(&[("delete web-a", 404), ("delete web-b", 409)]);
-        let pass = Pass::new();
-        let written = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
-        assert_eq!(written.unwrap().deleted, 2);
-        let tracker = pass.tracker.lock();
-        assert!(tracker.is_expected_delete(&cached("web-a", false)));
-        assert!(tracker.is_expected_delete(&cached("web-b", false)));
-    }
-
-    #[tokio::test]
-    async fn failed_delete_stops_the_pass() {
-        let api = FakeApi::failing(&[("delete web-a", 500)]);
-        let pass = Pass::new();
-        let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
-        assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
-        assert_eq!(api.calls(), ["delete web-a"]);
-        assert!(
-            !pass
-                .tracker
-                .lock()
-                .is_expected_delete(&cached("web-a", false))
-        );
-    }
-
-    #[tokio::test]
-    async fn term_ending_mid_pass_fences_every_later_call() {
-        let pass = Pass::new();
-        let api = FakeApi::ending_term_after(1, &pass.term);
-        let plan = plan(&["web-"], &["web-a"], &["web-b"]);
-        let error = pass.write(&api, &plan).await.unwrap_err();
-        assert!(
-            matches!(error, WriteError::Fenced(Fenced::TermEnded { .. })),
-            "{error:?}"
-        );
-        assert_eq!(
-            api.calls(),
-            ["create web-"],
-            "nothing sent after the term ended"
-        );
-    }
-
-    /// A client of an API server that accepts connections and never answers (as one whose
-    /// storage is down may); the listener thread holds every connection open.
-    fn silent_api_server() -> Client {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            for stream in listener.incoming().flatten() {
-                held.push(stream);
-            }
-        });
-        Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_write_the_api_server_never_answers_fails_after_the_call_timeout() {
-        let reporter = Reporter {
-            controller: "test".into(),
-            instance: None,
-        };
-        let timeout = std::time::Duration::from_millis(200);
-        let api = KubeWrites::new(silent_api_server(), reporter).with_call_timeout(timeout);
-        let pass = Pass::new();
-        let plan = plan(&[], &["web-a"], &[]);
-        // Far above the call timeout: only reached when the call is not bounded.
-        let hung = std::time::Duration::from_secs(20);
-        let error = tokio::time::timeout(hung, pass.write(&api, &plan))
-            .await
-            .expect("the write still hangs");
-        let Err(WriteError::Api { source, .. }) = error else {
-            panic!("expected an API error, got {error:?}");
-        };
-        let kube::Error::Service(cause) = source else {
-            panic!("expected a timed-out call, got {source:?}");
-        };
-        assert!(cause.is::<CallTimedOut>(), "{cause}");
-    }
-}
+mod tests;

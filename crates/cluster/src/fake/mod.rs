@@ -1,26 +1,39 @@
 //! Test doubles for the write path: a [`WriteApi`] that records every call and fails or ends
-//! the term at exact calls, and a term whose fence tests can end.
+//! the term at exact calls, optionally backed by a [`SliceServer`] that stores what it accepts
+//! and echoes it through a slice watch; and a term whose fence tests can end.
+//!
+//! The in-process harness of the cluster core ([`harness`]) puts these together with the real
+//! caches, handlers, reconcile and leadership runtime.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::collections::HashMap;
+pub mod harness;
+pub mod server;
+
+use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::api::{core::v1::ObjectReference, discovery::v1::EndpointSlice};
-use kube::{core::Status, runtime::events::Event};
+use kube::{api::Preconditions, core::Status, runtime::events::Event};
 use leadership::{Fence, FenceMetrics, LeadershipSender, Term, fixed_leadership};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+pub use self::server::{SliceEvent, SliceServer};
 use crate::writer::WriteApi;
 
 /// Records every call as `"create <generateName>"`, `"replace <name>"`, `"delete <name>"` or
-/// `"event <reason> <regarding name>"`; answers a call listed in `failures` with that HTTP
-/// status, and after `end_term_after` calls ends the term (as a lost lease would, between two
-/// calls of one pass).
+/// `"event <reason> <regarding name>"` (and each delete's preconditions); answers a call listed
+/// in `failures` with that HTTP status, and after `end_term_after` calls ends the term (as a
+/// lost lease would, between two calls of one pass).
+///
+/// Without a server, a create answers `<generateName>x1` at resourceVersion 1 and an update
+/// resourceVersion 2; with one ([`FakeApi::backed_by`]), the server decides, as the API would.
 #[derive(Default)]
 pub struct FakeApi {
     calls: Mutex<Vec<String>>,
-    failures: HashMap<String, u16>,
-    end_term_after: Option<(usize, LeadershipSender)>,
+    preconditions: Mutex<Vec<(String, Preconditions)>>,
+    failures: Mutex<HashMap<String, u16>>,
+    end_term_after: Mutex<Option<(usize, LeadershipSender)>>,
+    server: Option<Arc<SliceServer>>,
 }
 
 /// A term that lasts until the test ends it, and its fence.
@@ -34,21 +47,38 @@ pub struct TestTerm {
 impl FakeApi {
     /// Answers each of `calls` with its status.
     pub fn failing(calls: &[(&str, u16)]) -> Self {
-        Self {
-            failures: calls
-                .iter()
-                .map(|(call, code)| ((*call).into(), *code))
-                .collect(),
-            ..Self::default()
+        let api = Self::default();
+        for (call, code) in calls {
+            api.fail(call, *code);
         }
+        api
     }
 
     /// Ends `term` right after the `calls`-th call (answered first).
     pub fn ending_term_after(calls: usize, term: &TestTerm) -> Self {
+        let api = Self::default();
+        api.end_term_after(calls, term.sender.clone());
+        api
+    }
+
+    /// Sends every write to `server`, which stores it or refuses it as the API server would.
+    pub fn backed_by(server: Arc<SliceServer>) -> Self {
         Self {
-            end_term_after: Some((calls, term.sender.clone())),
+            server: Some(server),
             ..Self::default()
         }
+    }
+
+    /// From now on, answers `call` with HTTP status `code`, without sending it on.
+    pub fn fail(&self, call: &str, code: u16) {
+        self.failures.lock().insert(call.into(), code);
+    }
+
+    /// Ends the term published through `sender` right after the `calls`-th call from now
+    /// (answered first).
+    pub fn end_term_after(&self, calls: usize, sender: LeadershipSender) {
+        let at = self.calls.lock().len() + calls;
+        *self.end_term_after.lock() = Some((at, sender));
     }
 
     /// Every call so far, in order.
@@ -56,15 +86,25 @@ impl FakeApi {
         self.calls.lock().clone()
     }
 
+    /// The preconditions each delete of `name` carried, in order.
+    pub fn delete_preconditions(&self, name: &str) -> Vec<Preconditions> {
+        let sent = self.preconditions.lock();
+        sent.iter()
+            .filter(|(deleted, _)| deleted == name)
+            .map(|(_, preconditions)| preconditions.clone())
+            .collect()
+    }
+
     fn answer(&self, call: String) -> Result<(), kube::Error> {
-        let failure = self.failures.get(&call).copied();
+        let failure = self.failures.lock().get(&call).copied();
         let count = {
             let mut calls = self.calls.lock();
             calls.push(call);
             calls.len()
         };
-        if let Some((after, sender)) = &self.end_term_after
-            && count == *after
+        let mut end_term_after = self.end_term_after.lock();
+        if end_term_after.as_ref().is_some_and(|(at, _)| count == *at)
+            && let Some((_, sender)) = end_term_after.take()
         {
             sender.send_replace(None);
         }
@@ -75,11 +115,14 @@ impl FakeApi {
 impl WriteApi for FakeApi {
     async fn create(
         &self,
-        _namespace: &str,
+        namespace: &str,
         slice: &EndpointSlice,
     ) -> Result<EndpointSlice, kube::Error> {
         let prefix = slice.metadata.generate_name.clone().unwrap_or_default();
         self.answer(format!("create {prefix}"))?;
+        if let Some(server) = &self.server {
+            return server.create(namespace, slice);
+        }
         let mut created = slice.clone();
         created.metadata.name = Some(format!("{prefix}x1"));
         created.metadata.generation = Some(1);
@@ -89,11 +132,14 @@ impl WriteApi for FakeApi {
 
     async fn replace(
         &self,
-        _namespace: &str,
+        namespace: &str,
         slice: &EndpointSlice,
     ) -> Result<EndpointSlice, kube::Error> {
         let name = slice.metadata.name.clone().unwrap_or_default();
         self.answer(format!("replace {name}"))?;
+        if let Some(server) = &self.server {
+            return server.replace(namespace, slice);
+        }
         let mut updated = slice.clone();
         updated.metadata.generation = Some(2);
         updated.metadata.resource_version = Some("2".into());
@@ -102,12 +148,18 @@ impl WriteApi for FakeApi {
 
     async fn delete(
         &self,
-        _namespace: &str,
+        namespace: &str,
         name: &str,
-        uid: Option<&str>,
+        preconditions: &Preconditions,
     ) -> Result<(), kube::Error> {
-        assert_eq!(uid, Some(format!("uid-{name}").as_str()), "delete by UID");
-        self.answer(format!("delete {name}"))
+        self.preconditions
+            .lock()
+            .push((name.to_string(), preconditions.clone()));
+        self.answer(format!("delete {name}"))?;
+        match &self.server {
+            Some(server) => server.delete(namespace, name, preconditions),
+            None => Ok(()),
+        }
     }
 
     async fn publish_event(
