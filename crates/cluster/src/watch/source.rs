@@ -12,8 +12,10 @@
 //! detects a silent connection only after its server timeout plus 5 s (295 s by default). Here a
 //! bookmark is a sign of life, a restart resumes from the last version read, and the server is
 //! asked for a timeout short enough that a healthy watch is never silent for long: each stream
-//! gets a bookmark two seconds before its timeout, so a watch that hears nothing for twice that
-//! timeout is stalled (docs/operations.md, "Quiet faults").
+//! gets a bookmark two seconds before its timeout (from the API server's watch cache) and is then
+//! ended by the server at that timeout, and a stream kept open to its timeout counts as a sign of
+//! life too (without a watch cache there are no bookmarks). So a watch that hears nothing for
+//! twice that timeout is stalled (docs/operations.md, "Quiet faults").
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
@@ -24,7 +26,7 @@ use kube::{
     core::Status,
 };
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc;
+use tokio::{sync::mpsc, time::Instant};
 
 use super::health::{Command, KindHealth, version_number};
 
@@ -101,6 +103,8 @@ struct Open<K> {
     answers: u64,
     /// A streaming list's initial events are still coming.
     listing: bool,
+    /// When the server ends the stream (its timeout), if the connection lives that long.
+    ends_at: Instant,
 }
 
 struct Paging {
@@ -180,7 +184,11 @@ where
             };
             match item {
                 Err(_silent) => self.stalled(),
-                Ok(None) => self.ended(),
+                Ok(None) => {
+                    if let Some(event) = self.ended() {
+                        return event;
+                    }
+                }
                 Ok(Some(Err(error))) => {
                     self.stream = None;
                     self.failed(&error).await;
@@ -234,6 +242,7 @@ where
                     events: events.boxed(),
                     answers,
                     listing: true,
+                    ends_at: ends_at(&params),
                 });
             } else {
                 self.paged = false;
@@ -245,11 +254,13 @@ where
             return Ok(());
         };
         let timeout = std::mem::take(&mut self.probe).then_some(PROBE_TIMEOUT_SECONDS);
-        let events = self.api.watch(&self.params(timeout), &version).await?;
+        let params = self.params(timeout);
+        let events = self.api.watch(&params, &version).await?;
         self.stream = Some(Open {
             events: events.boxed(),
             answers,
             listing: false,
+            ends_at: ends_at(&params),
         });
         Ok(())
     }
@@ -395,15 +406,27 @@ where
         }
     }
 
-    /// The stream ended (the server's timeout, or a connection closed): resume, or list again
-    /// when a list was cut short.
-    fn ended(&mut self) {
-        let listing = self.stream.take().is_some_and(|open| open.listing);
-        if listing {
+    /// The stream ended: the server's timeout, or a connection closed early. Resume, or list
+    /// again when a list was cut short. A stream the server kept open to its timeout has
+    /// delivered everything up to the server's state when it started: a sign of life, and the
+    /// answer to the requests made before it (the API server sends no bookmarks when its watch
+    /// cache is off, so this is the only sign a quiet kind then gives).
+    fn ended(&mut self) -> Option<Event<K>> {
+        let open = self.stream.take()?;
+        if open.listing {
             tracing::debug!("stream ended inside a list; listing again");
             self.pending.clear();
             self.resume_from = None;
+            return None;
         }
+        if Instant::now() < open.ends_at {
+            tracing::debug!("stream closed before its timeout; resuming");
+            return None;
+        }
+        Some(Event::Progress(Position {
+            version: self.resume_from.as_deref().map_or(0, version_number),
+            answers: open.answers,
+        }))
     }
 
     async fn failed(&mut self, error: &kube::Error) {
@@ -443,6 +466,13 @@ pub fn server_timeout(stall_bound: Duration) -> u32 {
     u32::try_from(half)
         .unwrap_or(u32::MAX)
         .max(PROBE_TIMEOUT_SECONDS)
+}
+
+/// The earliest time the server can end a stream opened now with `params` by its timeout (a
+/// second of slack for clocks and the request's own time).
+fn ends_at(params: &WatchParams) -> Instant {
+    let timeout = Duration::from_secs(params.timeout.map_or(290, u64::from));
+    Instant::now() + timeout.saturating_sub(Duration::from_secs(1))
 }
 
 /// Whether a failed start means the server does not offer streaming lists (so paged lists must
