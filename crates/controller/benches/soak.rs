@@ -1,14 +1,16 @@
 //! The long chaos soak, as a benchmark (too long for CI): rounds of faults drawn at random from
 //! every fault of the chaos tests (replica, Lease and network faults of `tests/chaos.rs`; control
 //! plane faults of `tests/control_plane.rs`; the quiet faults: watches stalled on the leader or
-//! the followers, requests held) against one control plane of two kube-apiservers on
-//! one etcd, three replicas spread over both, and a client changing objects throughout.
+//! the followers, requests held) against one control plane of two kube-apiservers on one etcd,
+//! three replicas spread over both (each behind its own HTTP-aware proxy, with a 10 s watch
+//! stall bound), and a client changing objects throughout.
 //!
 //! Each round ends only when the slices show every change the client made (a lost change fails
 //! the round, and so the run). Throughout, every replica's leader gauge is sampled (two leaders
 //! at once are counted) and every slice write is checked against the Lease holder at its
-//! revision, attributed from the API servers' audit log (each replica is a user of its own). At the end it prints the rounds run, the changes made, the changes lost, the writes
-//! by a replica that was not the holder at that moment, and the longest time without a leader.
+//! revision, attributed from the API servers' audit log (each replica is a user of its own).
+//! At the end it prints the rounds run, the changes made, the changes lost, the writes by a
+//! replica that was not the holder at that moment, and the longest time without a leader.
 //!
 //! `cargo bench -p external-endpoints --bench soak`. Knobs (environment): `SOAK_ROUNDS` (200),
 //! `CHAOS_SEED` (replays a run: the same faults and client changes; printed at the start).
@@ -34,7 +36,7 @@ const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-end
 
 /// Replicas kept running.
 const REPLICAS: usize = 3;
-/// Rounds between two audits (each reads every replica's log).
+/// Rounds between two audits (each reads the API servers' whole audit log).
 const AUDIT_EVERY: usize = 10;
 
 fn main() {

@@ -21,7 +21,7 @@ use crate::{
     CONVERGE, Replica,
     chaos::{
         wait_any_leading,
-        world::{CHANGES, Member, World, acquisitions_of},
+        world::{BEFORE_FAULT, CHANGES, Member, World, acquisitions_of},
     },
     eventually,
     proxy::Mode,
@@ -103,10 +103,13 @@ pub async fn leader_watches_stalled(world: &mut World<'_>, members: &mut [Member
     assert_eq!(metric("external_endpoints_leader_term").await, term);
 }
 
-/// Every follower's watches stall (open and new: [`Mode::StallWatches`]) while the client makes
-/// its changes, which the leader applies; then the leader is killed. The follower that takes
-/// over acquires once and converges in that first term on the final objects, its watches
-/// still stalled: it did not plan from the caches it had when it acquired.
+/// Every follower's watches stall (open and new: [`Mode::StallWatches`]), then the client starts
+/// its changes and the leader is killed mid-stream: most changes are made after the leader
+/// died, before another may acquire, and no follower's cache sees them. The follower that
+/// takes over acquires once and converges in that first term on the final objects, its
+/// watches still stalled: it did not plan from the caches it had when it acquired. (Its stale
+/// caches agree with each other, so planning from them alone writes nothing: the slices would
+/// stay as the dead leader left them.)
 pub async fn followers_stalled_then_leader_killed(
     world: &mut World<'_>,
     members: &mut Vec<Member>,
@@ -122,22 +125,28 @@ pub async fn followers_stalled_then_leader_killed(
         }
         acquisitions.push(acquisitions_of(&member.replica).await);
     }
-    let churn = world.churn(CHANGES);
-    world.settle(churn).await;
+    let mut churn = world.churn(CHANGES);
+    churn.wait_for(BEFORE_FAULT).await;
 
     let mut old = members.remove(index);
     acquisitions.remove(index);
     old.replica.kill();
-    assert!(!old.replica.wait_exit(CONVERGE).await.success());
     let killed = Instant::now();
+    assert!(!old.replica.wait_exit(CONVERGE).await.success());
     world.retire(old);
+    let (model, last) = churn.finish().await;
+    world.model = model;
+    eprintln!(
+        "followers' watches stalled: the client's last change {:?} after the kill",
+        killed.elapsed()
+    );
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
     let (new, _) = wait_any_leading(&world.cluster, &replicas).await;
     let new_leader = &members[new].replica;
     let first = acquisitions[new] + 1.0;
     assert_eq!(acquisitions_of(new_leader).await, first, "one acquisition");
     let model = world.model.clone();
-    model.wait_reflected(&world.cluster, None).await;
+    model.wait_reflected(&world.cluster, last.as_ref()).await;
     eprintln!(
         "followers' watches stalled: {} converged {:?} after the leader was killed",
         new_leader.identity,
