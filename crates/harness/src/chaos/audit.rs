@@ -199,10 +199,12 @@ impl<'a> WriteAudit<'a> {
                 report.after_forced += 1;
             } else {
                 report.by_non_holder.push(format!(
-                    "{} of slice {} at revision {} by {writers:?} while the Lease named {holder:?}",
+                    "{} of slice {} at revision {} by {writers:?} while the Lease named {holder:?} \
+                     ({:?})",
                     if write.deleted { "delete" } else { "write" },
                     write.name,
                     write.version,
+                    record.times(write),
                 ));
             }
         }
@@ -219,10 +221,10 @@ impl Drop for WriteAudit<'_> {
 /// Who made which slice write, from the audit log's successful writes of one namespace.
 #[derive(Debug, Default)]
 struct Record {
-    /// (name, resourceVersion it got) → users, from creates, updates and patches.
-    written: BTreeMap<(String, u64), BTreeSet<String>>,
-    /// name → users, from deletes.
-    deleted: BTreeMap<String, BTreeSet<String>>,
+    /// (name, resourceVersion it got) → its requests, from creates, updates and patches.
+    written: BTreeMap<(String, u64), Vec<AuditEvent>>,
+    /// name → its requests, from deletes.
+    deleted: BTreeMap<String, Vec<AuditEvent>>,
 }
 
 // === impl Record ===
@@ -231,7 +233,6 @@ impl Record {
     fn of(events: &[AuditEvent]) -> Record {
         let mut record = Record::default();
         for event in events {
-            let user = event.user.clone();
             match event.verb.as_str() {
                 "create" | "update" | "patch" => {
                     let version = event
@@ -240,12 +241,12 @@ impl Record {
                         .and_then(|v| v.parse().ok());
                     if let Some(version) = version {
                         let key = (event.name.clone(), version);
-                        record.written.entry(key).or_default().insert(user);
+                        record.written.entry(key).or_default().push(event.clone());
                     }
                 }
                 "delete" => {
-                    let users = record.deleted.entry(event.name.clone()).or_default();
-                    users.insert(user);
+                    let requests = record.deleted.entry(event.name.clone()).or_default();
+                    requests.push(event.clone());
                 }
                 _ => {}
             }
@@ -253,14 +254,37 @@ impl Record {
         record
     }
 
-    /// The users who made `write` (empty when the record does not have it).
-    fn writers(&self, write: &SliceWrite) -> BTreeSet<String> {
+    /// The requests that made `write` (empty when the record does not have it).
+    fn requests(&self, write: &SliceWrite) -> &[AuditEvent] {
         let found = if write.deleted {
             self.deleted.get(&write.name)
         } else {
             self.written.get(&(write.name.clone(), write.version))
         };
-        found.cloned().unwrap_or_default()
+        found.map_or(&[], Vec::as_slice)
+    }
+
+    /// The users who made `write` (empty when the record does not have it).
+    fn writers(&self, write: &SliceWrite) -> BTreeSet<String> {
+        let requests = self.requests(write).iter();
+        requests.map(|request| request.user.clone()).collect()
+    }
+
+    /// When the API server received and answered the requests that made `write`.
+    fn times(&self, write: &SliceWrite) -> Vec<String> {
+        let show = |time: Option<k8s_openapi::jiff::Timestamp>| {
+            time.map_or_else(|| "?".to_string(), |time| time.to_string())
+        };
+        self.requests(write)
+            .iter()
+            .map(|request| {
+                let (received, completed) = (show(request.received), show(request.completed));
+                format!(
+                    "{} by {}: received {received}, answered {completed}",
+                    request.verb, request.user
+                )
+            })
+            .collect()
     }
 }
 
