@@ -1,8 +1,9 @@
 //! Leadership chaos on the real API server: 2–3 replicas of the real binary, a client that keeps
 //! changing workloads and Services throughout, and one fault per test, striking mid-stream:
-//! graceful exit, crash, deposition by another holder, a network cut or blackhole (through a TCP
-//! proxy in front of one replica), a flap shorter than RenewDeadline, SIGTERM while cut off, a
-//! Lease deleted by hand, a foreign holder from the start; the soak draws faults at random.
+//! graceful exit, crash, deposition by another holder, a network cut or blackhole (through an
+//! HTTP-aware proxy in front of one replica), a flap shorter than RenewDeadline, SIGTERM while
+//! cut off, a Lease deleted by hand, a foreign holder from the start, the leader's or the
+//! followers' watches stalled (quiet: no error anywhere); the soak draws faults at random.
 //!
 //! After each fault the slices must be exactly what the planner computes from the final objects
 //! and must show what the client last wrote (so every change was applied or superseded); the
@@ -22,6 +23,7 @@ use harness::{
         fault::Fault,
         faults::{crash, deposition, hand_over, lease_deleted},
         network::{connection_resets, flap, outage, terminate_cut_off},
+        quiet::{followers_stalled_then_leader_killed, leader_watches_stalled, stall_args},
         release_lease, slice_writes, take_lease, wait_any_leading,
         world::{CHANGES, RENEW_DEADLINE, RETRY_PERIOD, World},
     },
@@ -121,6 +123,26 @@ async fn connections_reset_again_and_again_lose_no_change_on_leader_or_follower(
     let mut world = World::new(BINARY, testbed, "chaos-resets").await;
     let mut members = world.start(&[true; 2]).await;
     connection_resets(&mut world, &mut members).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn leader_with_stalled_watches_applies_every_change_within_the_stall_bound() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let mut world = World::new(BINARY, testbed, "chaos-stalled-leader").await;
+    world.extra = stall_args();
+    let mut members = world.start(&[true, true]).await;
+    leader_watches_stalled(&mut world, &mut members).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn follower_with_stalled_watches_takes_over_and_converges_in_its_first_term() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let mut world = World::new(BINARY, testbed, "chaos-stalled-follower").await;
+    world.extra = stall_args();
+    let mut members = world.start(&[true, true]).await;
+    followers_stalled_then_leader_killed(&mut world, &mut members).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,7 +1,7 @@
 //! Control-plane chaos on the real testbed: kube-apiserver killed (SIGKILL) or stopped (SIGTERM)
 //! and restarted, etcd killed and restarted with its data, watches expired by etcd compaction
 //! (410 Gone), a slow API server on the leader's connection, and one of two API servers on one
-//! etcd cut off from its replicas. Replicas are the real binary, 2–3 per test, with a client
+//! etcd cut off from its replicas, every request held 1–2 s. Replicas are the real binary, 2–3 per test, with a client
 //! changing objects throughout (see `tests/chaos.rs` for the world these faults share).
 //!
 //! These faults take the control plane down, so this test binary has a control plane of its
@@ -12,8 +12,8 @@
 //!
 //! Every test also checks, over its whole run, that no two replicas led at once (sampled
 //! gauges) and that no slice write landed while the Lease named another replica or nobody
-//! (revision order of slice writes and Lease writes, writes attributed through the replicas'
-//! logs). A failing run prints `CHAOS_SEED=<n>`; set it to replay the same client changes.
+//! (revision order of slice writes and Lease writes, writes attributed from the API servers'
+//! audit log: each replica is a user of its own). A failing run prints `CHAOS_SEED=<n>`; set it to replay the same client changes.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
 
 use testbed::{Server, Testbed};
@@ -25,7 +25,8 @@ use harness::{
         control::{
             Stop, apiserver_partition, restart, slow_api, slow_within_deadline, watch_expiry,
         },
-        world::{Member, World},
+        quiet::{held_requests, stall_args},
+        world::{LeaseTimings, Member, World},
     },
 };
 
@@ -48,6 +49,7 @@ async fn plane() -> Option<&'static Testbed> {
         .get_or_init(|| async {
             let options = testbed::Options {
                 apiserver_args: vec!["--watch-cache=false".to_string()],
+                audit_log: true,
                 ..testbed::Options::default()
             };
             Testbed::start(options).await.map_err(|e| e.to_string())
@@ -70,14 +72,14 @@ async fn plane() -> Option<&'static Testbed> {
 /// Checks a test's whole run: never two leaders, no write by a non-holder.
 struct Watchers {
     monitor: LeaderMonitor,
-    audit: WriteAudit,
+    audit: WriteAudit<'static>,
 }
 
 impl Watchers {
-    async fn start(world: &World<'_>, members: &[Member]) -> Watchers {
+    async fn start(world: &World<'static>, members: &[Member]) -> Watchers {
         let watchers = Watchers {
             monitor: LeaderMonitor::start(),
-            audit: WriteAudit::start(&world.cluster).await,
+            audit: WriteAudit::start(world.testbed, &world.cluster).await,
         };
         watchers.add(members);
         watchers
@@ -111,8 +113,8 @@ impl Watchers {
         );
         assert!(
             report.attributed > 0,
-            "the audit attributed none of {} slice writes to a replica (do the replicas' logs \
-             still say \"wrote slice\" at debug level?)",
+            "the audit attributed none of {} slice writes to a replica (does the API server \
+             keep its audit log, and is each replica a user of its own?)",
             report.writes
         );
         assert!(
@@ -124,11 +126,11 @@ impl Watchers {
 }
 
 /// Starts a world with one replica per entry (`true`: proxied).
-async fn world_with<'a>(
-    testbed: &'a Testbed,
+async fn world_with(
+    testbed: &'static Testbed,
     test: &str,
     proxied: &[bool],
-) -> (World<'a>, Vec<Member>) {
+) -> (World<'static>, Vec<Member>) {
     let mut world = World::new(BINARY, testbed, test).await;
     let members = world.start(proxied).await;
     (world, members)
@@ -231,5 +233,21 @@ async fn slow_renewals_within_renew_deadline_never_leave_the_cluster_without_a_l
     let (mut world, mut members) = world_with(testbed, "cp-slow-within", &[true, true]).await;
     let watchers = Watchers::start(&world, &members).await;
     slow_within_deadline(&mut world, &mut members).await;
+    watchers.check(&world, &members);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_held_one_then_two_seconds_are_ridden_out_without_a_step_down() {
+    let _serial = SERIAL.lock().await;
+    let Some(testbed) = plane().await else { return };
+    let _logs = testbed.log_guard();
+    let mut world = World::new(BINARY, testbed, "cp-held").await;
+    // The controller's own timings: a renewal (two requests held 2 s each) twice in a row
+    // still fits in RenewDeadline (10 s).
+    world.lease = LeaseTimings::DEFAULT;
+    world.extra = stall_args();
+    let mut members = world.start(&[true, true]).await;
+    let watchers = Watchers::start(&world, &members).await;
+    held_requests(&mut world, &mut members).await;
     watchers.check(&world, &members);
 }

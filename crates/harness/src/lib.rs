@@ -1,13 +1,14 @@
 //! The process harness of the controller's tests and benches: real `external-endpoints`
 //! processes against the testbed's real kube-apiserver, the API helpers to change objects and
-//! wait for slices to converge, a TCP proxy to cut one replica off, the chaos world and its
+//! wait for slices to converge, proxies to strike faults on one replica's traffic (an
+//! HTTP-aware one that stalls watches and holds requests, a TCP one), the chaos world and its
 //! faults, and the benches' fixtures and tables.
 //!
 //! ```text
 //!  test or bench ──► Replica (the binary it was built with: Binary(env!(...)))
 //!       │               └─ admin server: /ready, /metrics (metrics::Metrics)
 //!       ├──► Cluster (one namespace: create, apply, wait_converged)
-//!       └──► chaos::World (Cluster + Churn + Members, some behind a proxy::Proxy)
+//!       └──► chaos::World (Cluster + Churn + Members, some behind a proxy::HttpProxy)
 //! ```
 //!
 //! | module | what |
@@ -17,7 +18,7 @@
 //! | [`metrics`] | [`Metrics`], [`sum_metric`]: Prometheus text |
 //! | [`http`] | [`http_get`]: a plain HTTP/1.1 GET |
 //! | [`cluster`] | [`Cluster`]: the objects of one test namespace |
-//! | [`proxy`] | [`proxy::Proxy`]: a TCP proxy in front of the API server |
+//! | [`proxy`] | [`proxy::HttpProxy`] (sees each request: watches stalled, requests held) and [`proxy::Proxy`] (TCP) in front of the API server |
 //! | [`chaos`] | the chaos tests' and the soak's world, faults and audits |
 //! | [`fixtures`] | bulk Services and workloads of the benches |
 //! | [`report`] | `bench_main`, knobs from the environment, progress lines, result tables |

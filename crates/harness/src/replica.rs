@@ -336,9 +336,18 @@ impl Drop for Replica {
 /// The flags of an e2e replica in `namespace`: watch it, compete for [`LEASE`] there with
 /// [`LEASE_ARGS`], debug logs of the cluster and leadership crates, a 5 s drain; then `extra`.
 pub fn e2e_args<'a>(namespace: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    e2e_args_timed(namespace, &LEASE_ARGS, extra)
+}
+
+/// [`e2e_args`] with the lease timing flags `lease` instead of [`LEASE_ARGS`].
+pub fn e2e_args_timed<'a>(
+    namespace: &'a str,
+    lease: &[&'a str],
+    extra: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec!["--watch-namespace", namespace];
     args.extend(["--lease-namespace", namespace, "--lease-name", LEASE]);
-    args.extend(LEASE_ARGS);
+    args.extend(lease);
     args.extend(["--log-level", "info,cluster=debug,leadership=debug"]);
     args.extend(["--drain-timeout", "5s"]);
     args.extend(extra);

@@ -15,7 +15,11 @@
 //! - the servers and the temporary folder never outlive the test binary, however it ends
 //!   (see `process.rs`);
 //! - every listener is on 127.0.0.1, on ports picked at start-up (port races are retried);
-//! - the admin identity is `system:masters`: RBAC never gets in a test's way;
+//! - the admin identity is `system:masters`: RBAC never gets in a test's way; so is every user
+//!   of [`Testbed::kubeconfig_for`] (one client certificate each, so the audit log can tell
+//!   them apart);
+//! - with [`Options::audit_log`], every API server records who created, changed or deleted an
+//!   EndpointSlice ([`Testbed::audit_events`]), and nothing else;
 //! - by default there is no kube-controller-manager: no garbage collection and namespaces
 //!   never finish deleting, so tests each take a [`Testbed::fresh_namespace`] and never wait
 //!   for cascades. [`Options::controller_manager`] (or `TESTBED_CONTROLLER_MANAGER=1`) adds
@@ -37,11 +41,13 @@
 #![deny(missing_docs)]
 
 mod assets;
+mod audit;
 mod certs;
 mod crds;
 mod error;
 mod process;
 mod servers;
+mod users;
 mod wait;
 
 use std::io::Write;
@@ -54,6 +60,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 pub use crate::assets::{Binaries, CACHE_ENV, Versions};
+pub use crate::audit::AuditEvent;
 pub use crate::error::TestbedError;
 use crate::process::Supervised;
 pub use crate::servers::SERVICE_CIDRS;
@@ -84,6 +91,9 @@ pub struct Options {
     pub controller_manager: bool,
     /// Flags appended to every kube-apiserver's defaults (e.g. `--watch-cache=false`).
     pub apiserver_args: Vec<String>,
+    /// Every kube-apiserver keeps an audit log of EndpointSlice writes (creates, updates,
+    /// patches, deletes; nothing else), read with [`Testbed::audit_events`]. Default off.
+    pub audit_log: bool,
 }
 
 /// A server of the control plane, for the tests that stop and restart it
@@ -114,6 +124,8 @@ pub struct Testbed {
     binaries: Binaries,
     pki: certs::Pki,
     apiserver_args: Vec<String>,
+    /// Whether each API server keeps an audit log ([`Options::audit_log`]).
+    audit_log: bool,
     /// The API servers' ports, by [`Server::ApiServer`] index.
     apiserver_ports: parking_lot::Mutex<Vec<u16>>,
     logs: parking_lot::Mutex<Vec<(String, PathBuf)>>,
@@ -178,6 +190,7 @@ impl Default for Options {
             start_timeout,
             controller_manager,
             apiserver_args: Vec::new(),
+            audit_log: false,
         }
     }
 }
@@ -255,6 +268,9 @@ impl Testbed {
         // whatever has started and removes the folder.
         let janitor = Some(Supervised::janitor(&dir)?);
         let pki = certs::write_pki(&dir)?;
+        if options.audit_log {
+            audit::write_policy(&dir)?;
+        }
         let mut testbed = Testbed {
             janitor,
             kubeconfig: dir.join("kubeconfig"),
@@ -265,6 +281,7 @@ impl Testbed {
             binaries,
             pki,
             apiserver_args: options.apiserver_args.clone(),
+            audit_log: options.audit_log,
             apiserver_ports: parking_lot::Mutex::default(),
             logs: parking_lot::Mutex::default(),
             servers: parking_lot::Mutex::default(),
@@ -282,7 +299,11 @@ impl Testbed {
         testbed.apiserver_ports.lock().push(port);
         testbed.server = format!("https://127.0.0.1:{port}");
 
-        write_kubeconfig(&testbed.kubeconfig, &testbed.server, &testbed.pki)?;
+        let admin = (
+            testbed.pki.admin_cert.as_path(),
+            testbed.pki.admin_key.as_path(),
+        );
+        write_kubeconfig(&testbed.kubeconfig, &testbed.server, &testbed.pki, admin)?;
         let kubeconfig = Kubeconfig::read_from(&testbed.kubeconfig)?;
         testbed.config =
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
@@ -504,6 +525,10 @@ impl Testbed {
         name: &'a str,
         issuer_port: Option<u16>,
     ) -> servers::ApiServerSpec<'a> {
+        let mut extra_args = self.apiserver_args.clone();
+        if self.audit_log {
+            extra_args.extend(audit::apiserver_args(&self.dir, name));
+        }
         servers::ApiServerSpec {
             binary: &self.binaries.kube_apiserver,
             dir: &self.dir,
@@ -511,7 +536,7 @@ impl Testbed {
             etcd_url: &self.etcd_url,
             name,
             issuer_port,
-            extra_args: &self.apiserver_args,
+            extra_args,
         }
     }
 
@@ -633,7 +658,14 @@ fn namespace_prefix(prefix: &str) -> String {
     }
 }
 
-fn write_kubeconfig(path: &Path, server: &str, pki: &certs::Pki) -> Result<(), TestbedError> {
+/// Writes a kubeconfig for `server` (verified with the testbed's CA) whose user authenticates
+/// with the client certificate and key `user`.
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    pki: &certs::Pki,
+    (cert, key): (&Path, &Path),
+) -> Result<(), TestbedError> {
     // JSON strings are YAML strings: quoting paths this way is always valid.
     let quote = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
     let text = format!(
@@ -659,8 +691,8 @@ current-context: testbed
 ",
         server = serde_json::Value::String(server.to_string()),
         ca = quote(&pki.ca_cert),
-        cert = quote(&pki.admin_cert),
-        key = quote(&pki.admin_key),
+        cert = quote(cert),
+        key = quote(key),
     );
     std::fs::write(path, text).map_err(TestbedError::io(format!("writing {}", path.display())))
 }

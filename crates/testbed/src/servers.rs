@@ -93,7 +93,7 @@ pub(crate) struct ApiServerSpec<'a> {
     /// plane names the same issuer (the first one's), as in an HA control plane.
     pub issuer_port: Option<u16>,
     /// Flags appended to the defaults.
-    pub extra_args: &'a [String],
+    pub extra_args: Vec<String>,
 }
 
 /// Starts kube-apiserver against `etcd_url`; returns it with its port once it listens

@@ -3,16 +3,18 @@
 //! - [`WriteAudit`] watches the managed slices and the Lease. etcd numbers every write of every
 //!   object with one revision (the resourceVersion), so "the holder at the moment of a slice
 //!   write" is the holder of the last Lease write before it. Each slice write is attributed to a
-//!   replica through the replica's own log (`wrote slice` carries the resourceVersion the API
-//!   returned for a create or update; `deleted slice` carries the name). A write that lands
-//!   within a few seconds of its replica losing the Lease by force (deleted, or taken by a
-//!   holder that is not a replica) was in flight when that happened and is counted apart.
-//! - [`LeaderMonitor`] samples every replica's `external_endpoints_leader` gauge: two leaders in
-//!   one sample, and the longest stretch with none.
+//!   replica from the API server's own record, its audit log ([`testbed::AuditEvent`], the
+//!   testbed started with [`testbed::Options::audit_log`]): each replica is a user of its own
+//!   (its identity; see [`World::member`](super::world::World::member)), and the record of a
+//!   create, update or patch carries the resourceVersion it gave the slice; a delete, the name.
+//!   No replica's log text is read. A write that lands within a few seconds of its replica
+//!   losing the Lease by force (deleted, or taken by a holder that is not a replica) was in
+//!   flight when that happened and is counted apart.
+//! - [`LeaderMonitor`] (in `monitor.rs`) samples every replica's `external_endpoints_leader`
+//!   gauge: two leaders in one sample, and the longest stretch with none.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
     sync::Arc,
     time::Duration,
 };
@@ -24,8 +26,11 @@ use parking_lot::Mutex;
 use slices::{Config, MANAGED_BY_LABEL};
 use tokio::{task::JoinHandle, time::Instant};
 
+use testbed::{AuditEvent, Testbed};
+
+pub use super::monitor::{LeaderMonitor, MonitorState};
 use super::{DELETED, LeaseHistory, LeaseRecord, version_of};
-use crate::{Cluster, Replica, sum_metric};
+use crate::{Cluster, Replica};
 
 /// One write of a managed slice, as the watch delivered it.
 #[derive(Clone, Debug)]
@@ -42,7 +47,9 @@ struct SliceWrite {
 const LATE_WRITE_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Watches slice writes and Lease writes for [`WriteAudit::check`].
-pub struct WriteAudit {
+pub struct WriteAudit<'a> {
+    testbed: &'a Testbed,
+    namespace: String,
     lease: LeaseHistory,
     writes: Arc<Mutex<Vec<SliceWrite>>>,
     /// Times the slice watch lost history (410 Gone) and re-listed: writes in between are not
@@ -56,10 +63,11 @@ pub struct WriteAudit {
 pub struct AuditReport {
     /// Slice writes seen.
     pub writes: usize,
-    /// Writes a replica's log claims (the rest are the test's own, or from a replica whose
-    /// log is gone). Zero while the controller wrote means the audit no longer reads its logs.
+    /// Writes the API server's audit log names a replica for. Zero while the controller wrote
+    /// means the audit no longer reads that record (no audit log, or replicas that share a
+    /// user).
     pub attributed: usize,
-    /// Writes no replica's log claims (the test's own, or a replica's log that is gone).
+    /// Writes the audit log names no replica for (the test's own, as the admin).
     pub unattributed: usize,
     /// Writes by a replica while the Lease named another replica, or nobody (released).
     pub by_non_holder: Vec<String>,
@@ -73,9 +81,10 @@ pub struct AuditReport {
 
 // === impl WriteAudit ===
 
-impl WriteAudit {
-    /// Starts watching from now.
-    pub async fn start(cluster: &Cluster) -> WriteAudit {
+impl<'a> WriteAudit<'a> {
+    /// Starts watching from now. `testbed` must keep an audit log
+    /// ([`testbed::Options::audit_log`]).
+    pub async fn start(testbed: &'a Testbed, cluster: &Cluster) -> WriteAudit<'a> {
         let lease = LeaseHistory::start(cluster).await;
         let api = cluster.slices_api();
         let selector = format!("{MANAGED_BY_LABEL}={}", Config::default().managed_by());
@@ -136,6 +145,8 @@ impl WriteAudit {
             })
         };
         WriteAudit {
+            testbed,
+            namespace: cluster.namespace.clone(),
             lease,
             writes,
             gaps,
@@ -143,38 +154,17 @@ impl WriteAudit {
         }
     }
 
-    /// Attributes every slice write seen so far to the replicas (from their logs) and checks
-    /// it against the Lease holder at that revision.
+    /// Attributes every slice write seen so far to the replicas (from the API server's audit
+    /// log) and checks it against the Lease holder at that revision.
     pub fn check(&self, replicas: &[&Replica]) -> AuditReport {
-        let mut written: BTreeMap<(String, u64), String> = BTreeMap::new();
-        let mut deleted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for replica in replicas {
-            for line in replica.log().lines() {
-                let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-                    continue;
-                };
-                let Some(slice) = entry["slice"].as_str() else {
-                    continue;
-                };
-                match entry["message"].as_str() {
-                    // The writer's debug lines: creates and updates, then deletes.
-                    Some("wrote slice") => {
-                        if let Some(version) =
-                            entry["version"].as_str().and_then(|v| v.parse().ok())
-                        {
-                            written.insert((slice.to_string(), version), replica.identity.clone());
-                        }
-                    }
-                    Some("deleted slice") => {
-                        deleted
-                            .entry(slice.to_string())
-                            .or_default()
-                            .insert(replica.identity.clone());
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let events: Vec<AuditEvent> = self
+            .testbed
+            .audit_events()
+            .unwrap()
+            .into_iter()
+            .filter(|event| event.namespace == self.namespace && event.succeeded())
+            .collect();
+        let record = Record::of(&events);
         let identities: BTreeSet<&str> = replicas.iter().map(|r| r.identity.as_str()).collect();
         let leases = self.lease.records();
         let writes = self.writes.lock().clone();
@@ -184,15 +174,11 @@ impl WriteAudit {
             ..AuditReport::default()
         };
         for write in &writes {
-            let writers: BTreeSet<String> = if write.deleted {
-                deleted.get(&write.name).cloned().unwrap_or_default()
-            } else {
-                written
-                    .get(&(write.name.clone(), write.version))
-                    .cloned()
-                    .into_iter()
-                    .collect()
-            };
+            let writers: BTreeSet<String> = record
+                .writers(write)
+                .into_iter()
+                .filter(|user| identities.contains(user.as_str()))
+                .collect();
             if writers.is_empty() {
                 report.unattributed += 1;
                 continue;
@@ -213,10 +199,12 @@ impl WriteAudit {
                 report.after_forced += 1;
             } else {
                 report.by_non_holder.push(format!(
-                    "{} of slice {} at revision {} by {writers:?} while the Lease named {holder:?}",
+                    "{} of slice {} at revision {} by {writers:?} while the Lease named {holder:?} \
+                     ({:?})",
                     if write.deleted { "delete" } else { "write" },
                     write.name,
                     write.version,
+                    record.times(write),
                 ));
             }
         }
@@ -224,9 +212,79 @@ impl WriteAudit {
     }
 }
 
-impl Drop for WriteAudit {
+impl Drop for WriteAudit<'_> {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Who made which slice write, from the audit log's successful writes of one namespace.
+#[derive(Debug, Default)]
+struct Record {
+    /// (name, resourceVersion it got) → its requests, from creates, updates and patches.
+    written: BTreeMap<(String, u64), Vec<AuditEvent>>,
+    /// name → its requests, from deletes.
+    deleted: BTreeMap<String, Vec<AuditEvent>>,
+}
+
+// === impl Record ===
+
+impl Record {
+    fn of(events: &[AuditEvent]) -> Record {
+        let mut record = Record::default();
+        for event in events {
+            match event.verb.as_str() {
+                "create" | "update" | "patch" => {
+                    let version = event
+                        .resource_version
+                        .as_deref()
+                        .and_then(|v| v.parse().ok());
+                    if let Some(version) = version {
+                        let key = (event.name.clone(), version);
+                        record.written.entry(key).or_default().push(event.clone());
+                    }
+                }
+                "delete" => {
+                    let requests = record.deleted.entry(event.name.clone()).or_default();
+                    requests.push(event.clone());
+                }
+                _ => {}
+            }
+        }
+        record
+    }
+
+    /// The requests that made `write` (empty when the record does not have it).
+    fn requests(&self, write: &SliceWrite) -> &[AuditEvent] {
+        let found = if write.deleted {
+            self.deleted.get(&write.name)
+        } else {
+            self.written.get(&(write.name.clone(), write.version))
+        };
+        found.map_or(&[], Vec::as_slice)
+    }
+
+    /// The users who made `write` (empty when the record does not have it).
+    fn writers(&self, write: &SliceWrite) -> BTreeSet<String> {
+        let requests = self.requests(write).iter();
+        requests.map(|request| request.user.clone()).collect()
+    }
+
+    /// When the API server received and answered the requests that made `write`.
+    fn times(&self, write: &SliceWrite) -> Vec<String> {
+        let show = |time: Option<k8s_openapi::jiff::Timestamp>| {
+            time.map_or_else(|| "?".to_string(), |time| time.to_string())
+        };
+        self.requests(write)
+            .iter()
+            .map(|request| {
+                let (received, completed) = (show(request.received), show(request.completed));
+                format!(
+                    "{} by {}: received {received}, answered {completed}",
+                    request.verb, request.user
+                )
+            })
+            .collect()
     }
 }
 
@@ -273,114 +331,6 @@ fn lost_by_force(
         })
 }
 
-// === LeaderMonitor ===
-
-/// Samples the leader gauge of every replica it was given, every 100 ms.
-pub struct LeaderMonitor {
-    replicas: Arc<Mutex<Vec<(String, SocketAddr)>>>,
-    state: Arc<Mutex<MonitorState>>,
-    task: JoinHandle<()>,
-}
-
-/// What the monitor saw.
-#[derive(Clone, Debug, Default)]
-pub struct MonitorState {
-    /// Samples taken.
-    pub samples: usize,
-    /// Samples in which two or more replicas led, with who.
-    pub overlaps: Vec<Vec<String>>,
-    /// The longest stretch without a leader.
-    pub longest_leaderless: Duration,
-    /// Since when nobody leads (None while someone does).
-    leaderless_since: Option<Instant>,
-}
-
-impl LeaderMonitor {
-    /// Starts sampling (no replicas yet: see [`LeaderMonitor::add`]).
-    pub fn start() -> LeaderMonitor {
-        let replicas: Arc<Mutex<Vec<(String, SocketAddr)>>> = Arc::default();
-        let state: Arc<Mutex<MonitorState>> = Arc::default();
-        let task = {
-            let (replicas, state) = (replicas.clone(), state.clone());
-            tokio::spawn(async move {
-                loop {
-                    let targets = replicas.lock().clone();
-                    let mut leading = Vec::new();
-                    for (identity, admin) in targets {
-                        if is_leader(admin).await {
-                            leading.push(identity);
-                        }
-                    }
-                    let now = Instant::now();
-                    {
-                        let mut state = state.lock();
-                        state.samples += 1;
-                        if leading.len() > 1 {
-                            state.overlaps.push(leading.clone());
-                        }
-                        if leading.is_empty() {
-                            let since = *state.leaderless_since.get_or_insert(now);
-                            state.longest_leaderless = state.longest_leaderless.max(now - since);
-                        } else {
-                            state.leaderless_since = None;
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            })
-        };
-        LeaderMonitor {
-            replicas,
-            state,
-            task,
-        }
-    }
-
-    /// Samples `replica` too, from now on (a replica that exits counts as not leading).
-    pub fn add(&self, replica: &Replica) {
-        let mut replicas = self.replicas.lock();
-        if replicas
-            .iter()
-            .all(|(identity, _)| *identity != replica.identity)
-        {
-            replicas.push((replica.identity.clone(), replica.admin()));
-        }
-    }
-
-    /// Stops sampling every replica but `replicas`. Call it once the others have exited and
-    /// before new replicas start: a new admin server may get the port of one that exited, and
-    /// would then be sampled under two names.
-    pub fn retain(&self, replicas: &[&Replica]) {
-        self.replicas
-            .lock()
-            .retain(|(identity, _)| replicas.iter().any(|r| r.identity == *identity));
-    }
-
-    /// What it saw so far.
-    pub fn state(&self) -> MonitorState {
-        self.state.lock().clone()
-    }
-
-    /// Forgets the longest leaderless stretch (a new round starts).
-    pub fn reset_longest(&self) {
-        self.state.lock().longest_leaderless = Duration::ZERO;
-    }
-}
-
-impl Drop for LeaderMonitor {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn is_leader(admin: SocketAddr) -> bool {
-    let scrape = tokio::time::timeout(Duration::from_secs(2), crate::http_get(admin, "/metrics"));
-    match scrape.await {
-        Ok(Ok((_, body))) => sum_metric(&body, "external_endpoints_leader", "") == Some(1.0),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +353,40 @@ mod tests {
                 version,
             })
             .collect()
+    }
+
+    fn event(verb: &str, user: &str, version: Option<&str>) -> AuditEvent {
+        AuditEvent {
+            verb: verb.into(),
+            user: user.into(),
+            user_agent: "external-endpoints".into(),
+            namespace: "chaos".into(),
+            name: "linkerd-external-web-x1".into(),
+            code: 200,
+            resource_version: version.map(String::from),
+            received: None,
+            completed: None,
+        }
+    }
+
+    #[test]
+    fn each_write_is_attributed_to_the_user_the_audit_log_names() {
+        let record = Record::of(&[
+            event("create", "r1", Some("10")),
+            event("update", "r2", Some("12")),
+            event("patch", "admin", Some("13")),
+        ]);
+        let one = |user: &str| BTreeSet::from([user.to_string()]);
+        assert_eq!(record.writers(&write(10, Instant::now())), one("r1"));
+        assert_eq!(record.writers(&write(12, Instant::now())), one("r2"));
+        assert_eq!(record.writers(&write(13, Instant::now())), one("admin"));
+        // A write the record does not have (a resourceVersion no write of its gave).
+        assert!(record.writers(&write(11, Instant::now())).is_empty());
+        let mut deleted = write(14, Instant::now());
+        deleted.deleted = true;
+        assert!(record.writers(&deleted).is_empty());
+        let record = Record::of(&[event("delete", "r2", None)]);
+        assert_eq!(record.writers(&deleted), one("r2"));
     }
 
     #[test]

@@ -7,7 +7,9 @@ use crate::{
     Replica,
     chaos::{
         control::{self, Stop},
-        faults, network, wait_any_leading,
+        faults, network,
+        quiet::{self, Whose},
+        wait_any_leading,
         world::{Member, World},
     },
     proxy::Mode,
@@ -44,6 +46,13 @@ pub enum Fault {
     SlowApi,
     /// One of two API servers is cut off from its replicas.
     ApiServerCutOff,
+    /// Watch streams stall: the leader's (it must heal within the stall bound), or every
+    /// follower's, then the leader is killed (the next term must not plan from the stalled
+    /// caches). The replicas need the stall bound ([`quiet::stall_args`]).
+    StallWatches(Whose),
+    /// Every replica's requests are held before they are forwarded, for as long as a term
+    /// rides out.
+    HoldRequests,
 }
 
 impl Fault {
@@ -72,6 +81,14 @@ impl Fault {
         Fault::ApiServerCutOff,
     ];
 
+    /// Quiet faults: nothing fails, a replica learns late or not at all (every replica
+    /// proxied, with [`quiet::stall_args`]).
+    pub const QUIET: [Fault; 3] = [
+        Fault::StallWatches(Whose::Leader),
+        Fault::StallWatches(Whose::Followers),
+        Fault::HoldRequests,
+    ];
+
     /// Strikes this fault and waits until the world has recovered from it.
     pub async fn strike(self, world: &mut World<'_>, members: &mut Vec<Member>) {
         match self {
@@ -96,6 +113,13 @@ impl Fault {
             Fault::WatchExpiry => control::watch_expiry(world, members).await,
             Fault::SlowApi => control::slow_api(world, members).await,
             Fault::ApiServerCutOff => control::apiserver_partition(world, members).await,
+            Fault::StallWatches(Whose::Leader) => {
+                quiet::leader_watches_stalled(world, members).await;
+            }
+            Fault::StallWatches(Whose::Followers) => {
+                quiet::followers_stalled_then_leader_killed(world, members).await;
+            }
+            Fault::HoldRequests => quiet::held_requests(world, members).await,
         }
     }
 }

@@ -20,18 +20,18 @@ use crate::{
     proxy::Mode,
 };
 
-/// A latency a term rides out: a renewal (a read and a write) takes 0.7 s, 1.4 s on a new
-/// connection (two more round trips for the handshake), longer than RetryPeriod; the next one
-/// starts when one ends and must end within RenewDeadline of the previous one's start, which
-/// holds even for two new connections in a row (2.8 s of 3 s).
-pub const SLOW_RIDDEN_OUT: Duration = Duration::from_millis(350);
-/// A latency with which a renewal (1.2 s, 2.4 s on a new connection) outlasts RetryPeriod but
-/// not RenewDeadline; two slow renewals in a row may still end a term, but someone must lead.
-pub const SLOW_WITHIN: Duration = Duration::from_millis(600);
-/// A latency no renewal survives (3.6 s a renewal). The step from [`SLOW_RIDDEN_OUT`] stays
-/// within LeaseDuration − RenewDeadline + the fence margin (1.5 s): a write fenced just in time
-/// may be that much slower than the renewal before it and still land before any other replica
-/// may acquire (docs/leader-election.md).
+/// A latency a term rides out (each request held this long by the replica's proxy): a renewal
+/// (a read and a write) takes 1.1 s, longer than RetryPeriod; the next one starts when one ends
+/// and must end within RenewDeadline of the previous one's start, which holds with 0.8 s to
+/// spare (2.2 s of 3 s).
+pub const SLOW_RIDDEN_OUT: Duration = Duration::from_millis(550);
+/// A latency with which a renewal (1.4 s) outlasts RetryPeriod but not RenewDeadline; two slow
+/// renewals in a row (2.8 s) may end a term on a loaded machine, but someone must lead.
+pub const SLOW_WITHIN: Duration = Duration::from_millis(700);
+/// A latency no renewal survives (3.6 s a renewal). The step from [`SLOW_RIDDEN_OUT`] (1.25 s)
+/// stays within LeaseDuration − RenewDeadline + the fence margin (1.5 s): a write fenced just
+/// in time may be that much slower than the renewal before it and still land before any other
+/// replica may acquire (docs/leader-election.md).
 pub const SLOWER: Duration = Duration::from_millis(1800);
 
 /// The leader's API connection slows down: first by [`SLOW_RIDDEN_OUT`], which the term rides out
@@ -50,7 +50,7 @@ pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
     let mut churn = world.churn(CHANGES);
     churn.wait_for(BEFORE_FAULT).await;
 
-    proxy.set(Mode::Delay(SLOW_RIDDEN_OUT));
+    proxy.set(Mode::Hold(SLOW_RIDDEN_OUT));
     for _ in 0..3 {
         let renewed = lease_renew_time(&world.cluster).await;
         eventually(
@@ -80,7 +80,7 @@ pub async fn slow_api(world: &mut World<'_>, members: &mut [Member]) {
         step_downs
     );
 
-    proxy.set(Mode::Delay(SLOWER));
+    proxy.set(Mode::Hold(SLOWER));
     let slowed = Instant::now();
     let stepped = wait_gauge(&old.replica, false, CONVERGE).await;
     let took = stepped - slowed;
@@ -147,7 +147,7 @@ pub async fn slow_within_deadline(world: &mut World<'_>, members: &mut [Member])
             .proxy
             .as_ref()
             .expect("proxied")
-            .set(Mode::Delay(SLOW_WITHIN));
+            .set(Mode::Hold(SLOW_WITHIN));
     }
     // Several LeaseDurations with the slow API: a leader must be there at the end.
     let since = Instant::now();

@@ -7,19 +7,22 @@
 //! | [`churn`] | the client that keeps changing objects, and its model to check slices against |
 //! | [`fault`] | the faults a soak draws from, and how each is struck |
 //! | [`faults`] | graceful exit, crash, deposition, Lease deleted |
-//! | [`network`] | outage, flap, SIGTERM while cut off, connection resets (through a [`Proxy`]) |
+//! | [`network`] | outage, flap, SIGTERM while cut off, connection resets (through an [`HttpProxy`]) |
+//! | [`quiet`] | quiet faults: watches stalled (leader, follower), requests held |
 //! | [`control`] | API server or etcd restarted, watch expiry, one of two API servers cut off |
 //! | [`latency`] | a slow API server |
 //! | [`lease`] | the Lease's history, a foreign holder taking it, releasing or deleting it |
-//! | [`audit`] | who wrote what while who led; two leaders at once |
+//! | [`audit`] | who wrote what (the API server's audit log) while who led |
+//! | [`monitor`] | two leaders at once, the longest stretch without one |
 //!
-//! Here: replicas behind their own [`Proxy`], snapshots of slice writes, and waits on the
-//! leader gauge.
+//! Here: snapshots of slice writes, and waits on the leader gauge.
 //!
 //! ```text
-//!  Churn (model + random changes) ──► API ◄── replicas (some through a Proxy each)
+//!  Churn (model + random changes) ──► API ◄── replicas (some through an HttpProxy each)
 //!  LeaseHistory ◄── watch of the Lease         slices ──► Model::check / SliceVersions
 //! ```
+//!
+//! [`HttpProxy`]: crate::proxy::HttpProxy
 
 pub mod audit;
 pub mod churn;
@@ -28,13 +31,14 @@ pub mod fault;
 pub mod faults;
 pub mod latency;
 pub mod lease;
+pub mod monitor;
 pub mod network;
+pub mod quiet;
 pub mod world;
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::config::Kubeconfig;
 use tokio::time::Instant;
 
 pub use lease::{
@@ -42,11 +46,7 @@ pub use lease::{
     release_lease, take_lease, version_of,
 };
 
-use crate::{
-    CONVERGE, Cluster, Replica, eventually,
-    proxy::Proxy,
-    replica::{Binary, e2e_args},
-};
+use crate::{CONVERGE, Cluster, Replica, eventually};
 
 /// Name → resourceVersion of the managed slices: any write changes it.
 pub type SliceVersions = BTreeMap<String, String>;
@@ -133,53 +133,4 @@ pub async fn wait_any_leading(cluster: &Cluster, replicas: &[&Replica]) -> (usiz
         "the Lease names the leading replica"
     );
     (index, seen)
-}
-
-// === impl Replica ===
-
-impl Replica {
-    /// A replica whose every API connection goes through its own [`Proxy`].
-    pub async fn start_proxied(
-        binary: Binary,
-        testbed: &testbed::Testbed,
-        namespace: &str,
-        identity: &str,
-        extra: &[&str],
-    ) -> (Replica, Proxy) {
-        Self::start_proxied_to(
-            binary,
-            testbed,
-            testbed.server_url(),
-            namespace,
-            identity,
-            extra,
-        )
-        .await
-    }
-
-    /// A replica talking to the API server at `server` (one of an HA control plane) through
-    /// its own [`Proxy`].
-    pub async fn start_proxied_to(
-        binary: Binary,
-        testbed: &testbed::Testbed,
-        server: &str,
-        namespace: &str,
-        identity: &str,
-        extra: &[&str],
-    ) -> (Replica, Proxy) {
-        let upstream: SocketAddr = server.trim_start_matches("https://").parse().unwrap();
-        let proxy = Proxy::start(upstream).await;
-        let mut kubeconfig = Kubeconfig::read_from(testbed.kubeconfig_path()).unwrap();
-        for cluster in &mut kubeconfig.clusters {
-            if let Some(cluster) = cluster.cluster.as_mut() {
-                cluster.server = Some(format!("https://{}", proxy.addr()));
-            }
-        }
-        // JSON is YAML: the replica reads it like any kubeconfig. It is read once, at start.
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), serde_json::to_vec(&kubeconfig).unwrap()).unwrap();
-        let args = e2e_args(namespace, extra);
-        let replica = Replica::start_with(binary, file.path(), identity, &args).await;
-        (replica, proxy)
-    }
 }

@@ -1,5 +1,9 @@
 //! The chaos tests' world: one namespace with the client's model, the replicas (some behind
 //! their own proxy), and the timings the faults are judged by.
+//!
+//! Each replica is a user of its own on the API server (a client certificate with its identity
+//! as name: [`testbed::Testbed::kubeconfig_for`]), so the API server's audit log names the
+//! replica behind every write ([`audit`](super::audit)).
 
 use std::time::Duration;
 
@@ -11,11 +15,12 @@ use crate::{
         churn::{Churn, Model, Rng},
         slice_versions, wait_any_leading,
     },
-    proxy::Proxy,
-    replica::Binary,
+    proxy::HttpProxy,
+    replica::{Binary, LEASE_ARGS, e2e_args_timed},
 };
 
-/// The e2e replicas' lease timings ([`LEASE_ARGS`](crate::LEASE_ARGS)).
+/// The e2e replicas' lease timings ([`LEASE_ARGS`]): [`World::lease`] by default, and what
+/// the faults of `faults`, `network`, `control` and `latency` are judged by.
 pub const LEASE_DURATION: Duration = Duration::from_secs(4);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(3);
 pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
@@ -50,12 +55,25 @@ pub struct World<'a> {
     pub apiserver: usize,
     /// Client changes started so far (every one is checked when its client settles).
     pub changes: usize,
+    /// The lease timings of the replicas started from now on.
+    pub lease: LeaseTimings,
+    /// Flags of the replicas started from now on, after the e2e ones (e.g. the watch stall
+    /// bound of [`quiet`](super::quiet)).
+    pub extra: Vec<String>,
 }
 
-/// A replica, and its proxy when its API traffic can be cut.
+/// Lease timings of replicas (`--lease-duration`, `--renew-deadline`, `--retry-period`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTimings {
+    pub duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// A replica, and its proxy when its API traffic can be struck.
 pub struct Member {
     pub replica: Replica,
-    pub proxy: Option<Proxy>,
+    pub proxy: Option<HttpProxy>,
     /// The API server it talks to ([`testbed::Server::ApiServer`] index).
     pub apiserver: usize,
 }
@@ -78,6 +96,8 @@ impl<'a> World<'a> {
             retired: Vec::new(),
             apiserver: 0,
             changes: 0,
+            lease: LeaseTimings::E2E,
+            extra: Vec::new(),
         }
     }
 
@@ -96,35 +116,31 @@ impl<'a> World<'a> {
         members
     }
 
-    /// Starts a replica, proxied or not, with a fresh identity.
+    /// Starts a replica with a fresh identity, as a user of that name, on API server
+    /// [`World::apiserver`], behind its own [`HttpProxy`] if `proxied`.
     pub async fn member(&mut self, proxied: bool) -> Member {
         let identity = format!("r{}", self.replicas);
         self.replicas += 1;
-        let namespace = &self.cluster.namespace;
-        if proxied || self.apiserver != 0 {
-            let upstream = self.testbed.apiserver_url(self.apiserver).unwrap();
-            let (replica, proxy) = Replica::start_proxied_to(
-                self.binary,
-                self.testbed,
-                &upstream,
-                namespace,
-                &identity,
-                &[],
-            )
-            .await;
-            Member {
-                replica,
-                proxy: Some(proxy),
-                apiserver: self.apiserver,
-            }
-        } else {
-            let replica =
-                Replica::start(self.binary, self.testbed, namespace, &identity, &[]).await;
-            Member {
-                replica,
-                proxy: None,
-                apiserver: 0,
-            }
+        let own = self
+            .testbed
+            .kubeconfig_for(&identity, self.apiserver)
+            .unwrap();
+        let lease = self.lease.args();
+        let lease: Vec<&str> = lease.iter().map(String::as_str).collect();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let args = e2e_args_timed(&self.cluster.namespace, &lease, &extra);
+        let proxy = match proxied {
+            true => Some(HttpProxy::start(&own).await),
+            false => None,
+        };
+        // Read once, at start: the file may go once the replica runs.
+        let through = proxy.as_ref().map(HttpProxy::kubeconfig);
+        let kubeconfig = through.as_ref().map_or(own.as_path(), |file| file.path());
+        let replica = Replica::start_with(self.binary, kubeconfig, &identity, &args).await;
+        Member {
+            replica,
+            proxy,
+            apiserver: self.apiserver,
         }
     }
 
@@ -202,6 +218,39 @@ impl<'a> World<'a> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+// === impl LeaseTimings ===
+
+impl LeaseTimings {
+    /// The e2e timings ([`LEASE_ARGS`]: 4 s, 3 s, 1 s): fail-overs within seconds.
+    pub const E2E: LeaseTimings = LeaseTimings {
+        duration: LEASE_DURATION,
+        renew_deadline: RENEW_DEADLINE,
+        retry_period: RETRY_PERIOD,
+    };
+
+    /// The controller's defaults (15 s, 10 s, 2 s).
+    pub const DEFAULT: LeaseTimings = LeaseTimings {
+        duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(2),
+    };
+
+    /// The flags.
+    pub fn args(&self) -> Vec<String> {
+        if *self == LeaseTimings::E2E {
+            return LEASE_ARGS.map(String::from).into();
+        }
+        let flag =
+            |name: &str, value: Duration| [name.to_string(), format!("{}ms", value.as_millis())];
+        [
+            flag("--lease-duration", self.duration),
+            flag("--renew-deadline", self.renew_deadline),
+            flag("--retry-period", self.retry_period),
+        ]
+        .concat()
     }
 }
 

@@ -1,4 +1,7 @@
-//! A TCP proxy between one replica and the API server, to cut that replica off the network.
+//! A TCP proxy between one client and the API server, to cut that client off the network. It
+//! cannot tell one request from another (see [`HttpProxy`](super::HttpProxy) for that); it
+//! serves clients that must keep their own TLS to the API server (Linkerd's Go controller in
+//! the interop tests: its HTTP/2 and health pings are part of what those tests observe).
 //!
 //! TLS passes through untouched: the replica still talks to `https://127.0.0.1:<port>`, and the
 //! testbed's serving certificate has the SAN 127.0.0.1, so it verifies as usual.
@@ -9,8 +12,10 @@
 //!                    │ Cut:       close every live connection; accept new ones and close them
 //!                    │ Blackhole: stop forwarding, keep every connection open and silent
 //!                    │            (requests hang until the client gives up); closed on restore
-//!                    │ Delay(d):  forward, every byte from the replica held for d first (a
-//!                    │            slow API server: each request takes d longer; in order)
+//!                    │ Hold(d):   forward, every byte from the replica held for d first (a
+//!                    │            slow API server: each request takes d longer, a new
+//!                    │            connection's TLS handshake too; in order)
+//!                    │ StallWatches: not supported (it cannot see a watch): panics
 //!                    │ reset():   close every live connection once, keep forwarding new ones
 //! ```
 
@@ -20,9 +25,9 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
 };
 
+use super::Mode;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{
@@ -33,35 +38,6 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-
-/// What the proxy does with traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Forward.
-    Open,
-    /// Close live connections; close new ones at once (the client sees a reset/EOF quickly).
-    Cut,
-    /// Keep live and new connections open but forward nothing (the client's calls hang).
-    Blackhole,
-    /// Forward, holding every byte from the client for this long first (requests are slow,
-    /// answers are not; order is kept).
-    Delay(Duration),
-}
-
-impl Mode {
-    /// Whether traffic flows (possibly late).
-    fn forwards(self) -> bool {
-        matches!(self, Mode::Open | Mode::Delay(_))
-    }
-
-    /// How long a byte from the client is held.
-    fn delay(self) -> Duration {
-        match self {
-            Mode::Delay(delay) => delay,
-            _ => Duration::ZERO,
-        }
-    }
-}
 
 /// A running proxy; dropping it closes everything.
 pub struct Proxy {
@@ -112,8 +88,12 @@ impl Proxy {
         self.mode.send_replace(Mode::Blackhole);
     }
 
-    /// Applies `mode` (an outage, or [`Mode::Open`]).
+    /// Applies `mode` (an outage, or [`Mode::Open`]). Panics on [`Mode::StallWatches`].
     pub fn set(&self, mode: Mode) {
+        assert!(
+            mode != Mode::StallWatches,
+            "a TCP proxy cannot tell a watch from another request"
+        );
         self.mode.send_replace(mode);
     }
 
@@ -170,7 +150,7 @@ async fn serve(
     match current {
         Mode::Cut => return,
         Mode::Blackhole => return hold_until_open(mode, inbound, None).await,
-        Mode::Open | Mode::Delay(_) => {}
+        Mode::Open | Mode::Hold(_) | Mode::StallWatches => {}
     }
     let Ok(outbound) = TcpStream::connect(upstream).await else {
         return;
@@ -213,7 +193,7 @@ async fn read_requests(
                 if parked(current, &mode).await {
                     return;
                 }
-                let due = Instant::now() + current.delay();
+                let due = Instant::now() + current.hold();
                 if late.send((due, buffer[..read].to_vec())).is_err() {
                     return;
                 }
