@@ -81,7 +81,8 @@ pub struct Source<K: Resource> {
     api: Api<K>,
     labels: Option<String>,
     health: Arc<KindHealth>,
-    commands: mpsc::UnboundedReceiver<Command>,
+    /// Taken out while a step runs, so that a command can interrupt any wait.
+    commands: Option<mpsc::UnboundedReceiver<Command>>,
     counters: WatchCounters,
     /// Whether the server offers streaming lists.
     streaming: bool,
@@ -138,7 +139,7 @@ where
             api,
             labels,
             health,
-            commands,
+            commands: Some(commands),
             counters,
             streaming: true,
             resume_from: None,
@@ -152,53 +153,63 @@ where
         }
     }
 
-    /// The next event; retries, resumes and re-lists on its own, so it never ends.
+    /// The next event; retries, resumes and re-lists on its own, so it never ends. A command
+    /// interrupts whatever the source waits for (a stream, a request that gets no answer, a
+    /// backoff).
     pub async fn next(&mut self) -> Event<K> {
         loop {
             if let Some(event) = self.pending.pop_front() {
                 return event;
             }
-            if self.paging.is_some() {
-                if let Err(error) = self.next_page().await {
-                    self.failed(&error).await;
-                }
-                continue;
+            // The receiver is only missing if a previous call was dropped mid-step, which
+            // happens only when the watch itself is dropped.
+            let Some(mut commands) = self.commands.take() else {
+                return std::future::pending().await;
+            };
+            let step = tokio::select! {
+                // The sender lives in `self.health`: `None` cannot come while `self` lives.
+                Some(command) = commands.recv() => Err(command),
+                event = self.step() => Ok(event),
+            };
+            self.commands = Some(commands);
+            match step {
+                Err(command) => self.command(command),
+                Ok(Some(event)) => return event,
+                Ok(None) => {}
             }
-            let Some(open) = self.stream.as_mut() else {
-                if let Err(error) = self.open().await {
-                    self.failed(&error).await;
-                }
-                continue;
+        }
+    }
+
+    /// One wait: for a page, a stream to open, or the stream's next item; each bounded by the
+    /// stall bound (a proxy that holds a watch's answer, headers included, stalls its start).
+    async fn step(&mut self) -> Option<Event<K>> {
+        let bound = self.health.stall_bound();
+        if self.paging.is_some() || self.stream.is_none() {
+            let started = if self.paging.is_some() {
+                tokio::time::timeout(bound, self.next_page()).await
+            } else {
+                tokio::time::timeout(bound, self.open()).await
             };
-            let bound = self.health.stall_bound();
-            let item = tokio::select! {
-                command = self.commands.recv() => {
-                    match command {
-                        Some(command) => self.command(command),
-                        // Nobody can ask any more (the health is gone): keep watching.
-                        None => std::future::pending().await,
-                    }
-                    continue;
-                }
-                item = tokio::time::timeout(bound, open.events.next()) => item,
-            };
-            match item {
+            match started {
                 Err(_silent) => self.stalled(),
-                Ok(None) => {
-                    if let Some(event) = self.ended() {
-                        return event;
-                    }
-                }
-                Ok(Some(Err(error))) => {
-                    self.stream = None;
-                    self.failed(&error).await;
-                }
-                Ok(Some(Ok(event))) => {
-                    if let Some(event) = self.event(event) {
-                        return event;
-                    }
-                }
+                Ok(Err(error)) => self.failed(&error).await,
+                Ok(Ok(())) => {}
             }
+            return None;
+        }
+        let open = self.stream.as_mut()?;
+        match tokio::time::timeout(bound, open.events.next()).await {
+            Err(_silent) => {
+                self.stalled();
+                None
+            }
+            Ok(None) => self.ended(),
+            Ok(Some(Err(error))) => {
+                self.stream = None;
+                self.failed(&error).await;
+                None
+            }
+            Ok(Some(Ok(event))) => self.event(event),
         }
     }
 
@@ -385,8 +396,10 @@ where
         self.counters.stalls.inc();
         self.health.stall();
         self.stalls_in_a_row += 1;
-        let listing = self.stream.as_ref().is_some_and(|open| open.listing);
+        let listing =
+            self.stream.as_ref().is_some_and(|open| open.listing) || self.paging.is_some();
         self.stream = None;
+        self.paging = None;
         if self.stalls_in_a_row > 1 || listing {
             // A new watch connection stalled too (a proxy that stalls every watch): read the
             // state with plain LIST requests, which such a proxy passes.
