@@ -2,6 +2,7 @@
 //! kube-apiserver + etcd (the testbed). Slices are checked against the planner's view of the
 //! objects in the API, waiting on conditions with a timeout.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use harness::{CONVERGE, Cluster, Replica, eventually};
@@ -202,6 +203,126 @@ async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
         .await
         .unwrap();
     assert_eq!(creates, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn zone_hints_follow_traffic_distribution_and_workload_zones() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "zone-hints").await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
+
+    // The API server (1.37, the field is GA) keeps trafficDistribution as sent.
+    let created = cluster
+        .create_service(web().traffic_distribution("PreferSameZone"))
+        .await;
+    assert_eq!(
+        created.spec.and_then(|s| s.traffic_distribution).as_deref(),
+        Some("PreferSameZone")
+    );
+    cluster
+        .apply_workload(vm("vm-a", "10.0.0.1").zone("zone-a"))
+        .await;
+    cluster
+        .apply_workload(vm("vm-b", "10.0.0.2").zone("zone-b"))
+        .await;
+    // No zone label: no hint for it, and the others keep theirs (docs/slices.md).
+    cluster.apply_workload(vm("vm-nowhere", "10.0.0.3")).await;
+    wait_hints(
+        &cluster,
+        &[
+            ("vm-a", Some("zone-a")),
+            ("vm-b", Some("zone-b")),
+            ("vm-nowhere", None),
+        ],
+    )
+    .await;
+    cluster.wait_converged().await;
+
+    // A workload moves zone: its hint follows.
+    cluster
+        .apply_workload(vm("vm-a", "10.0.0.1").zone("zone-b"))
+        .await;
+    wait_hints(
+        &cluster,
+        &[
+            ("vm-a", Some("zone-b")),
+            ("vm-b", Some("zone-b")),
+            ("vm-nowhere", None),
+        ],
+    )
+    .await;
+
+    cluster.wait_converged().await;
+
+    // A new leader finds the hinted slices correct and writes nothing (its cache keeps hints).
+    let mut replica = replica;
+    replica.terminate();
+    assert!(
+        replica.wait_exit(CONVERGE).await.success(),
+        "{}",
+        replica.log()
+    );
+    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
+    b.wait_leading(CONVERGE).await;
+    eventually("b to check every Service", CONVERGE, || async {
+        let adds = b.metric("external_endpoints_queue_adds_total", "").await?;
+        let depth = b.metric("external_endpoints_queue_depth", "").await?;
+        if adds >= 1.0 && depth == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("adds {adds}, depth {depth}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        b.metric("external_endpoints_slice_writes_total", "")
+            .await
+            .unwrap(),
+        0.0
+    );
+
+    // The field removed: every hint goes.
+    cluster.update_service(web()).await;
+    wait_hints(
+        &cluster,
+        &[("vm-a", None), ("vm-b", None), ("vm-nowhere", None)],
+    )
+    .await;
+    cluster.wait_converged().await;
+}
+
+/// Waits until the endpoints of `web`'s slices carry exactly these zone hints (`None`: no
+/// hints object at all), read from the API.
+async fn wait_hints(cluster: &Cluster, expected: &[(&str, Option<&str>)]) {
+    let expected: BTreeMap<String, Option<Vec<String>>> = expected
+        .iter()
+        .map(|(name, zone)| (name.to_string(), zone.map(|z| vec![z.to_string()])))
+        .collect();
+    eventually("zone hints", CONVERGE, || async {
+        let mut actual = BTreeMap::new();
+        for slice in cluster.slices_of("web").await {
+            for endpoint in slice.endpoints.unwrap_or_default() {
+                let name = endpoint.target_ref.and_then(|r| r.name).unwrap_or_default();
+                let hints = endpoint.hints.map(|h| {
+                    assert!(h.for_nodes.is_none(), "no node hints: {h:?}");
+                    h.for_zones
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|z| z.name)
+                        .collect::<Vec<_>>()
+                });
+                actual.insert(name, hints);
+            }
+        }
+        if actual == expected {
+            Ok(())
+        } else {
+            Err(format!("hints {actual:?}"))
+        }
+    })
+    .await;
 }
 
 /// Takes the e2e Lease for `holder` through the API, as another controller would.

@@ -20,11 +20,14 @@ use slices::testing::{SliceStore, Svc, Workload, time};
 use slices::{CachedService, CachedSlice, CachedWorkload, Config, plan_cached, plan_slices};
 
 fn service(namespace: &str) -> Service {
+    web(namespace).build()
+}
+
+fn web(namespace: &str) -> Svc {
     Svc::named("web")
         .namespace(namespace)
         .selector("app", "web")
         .port("http", 80, "http")
-        .build()
 }
 
 fn cached_workloads(workloads: &[ExternalWorkload]) -> Vec<CachedWorkload> {
@@ -89,6 +92,27 @@ fn per_service(c: &mut Criterion<ThreadCpu>) {
             })
         });
     }
+
+    // trafficDistribution set: every endpoint carries a zone hint to build and compare.
+    let full = web("default")
+        .traffic_distribution("PreferSameZone")
+        .build();
+    let svc = CachedService::from(&full);
+    let zoned = workloads("default", 1_000);
+    let cached = cached_workloads(&zoned);
+    let refs: Vec<_> = cached.iter().collect();
+    group.bench_function("cold_zone_hints_1000", |b| {
+        b.iter(|| black_box(plan_cached(&svc, &refs, &[], &config, &now)))
+    });
+    let slices = cached_slices(&converged(&full, &zoned));
+    let existing: Vec<_> = slices.iter().collect();
+    group.bench_function("noop_zone_hints_1000", |b| {
+        b.iter(|| {
+            let plan = plan_cached(&svc, &refs, &existing, &config, &now);
+            debug_assert!(plan.is_empty());
+            black_box(plan)
+        })
+    });
 
     let full = service("default");
     let svc = CachedService::from(&full);

@@ -9,7 +9,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use crate::labels::selects;
 use crate::model::{
     CachedEndpoint, CachedService, CachedServicePort, CachedSlicePort, CachedWorkload, Conditions,
-    Families, SliceAddress, TargetPort, WorkloadAddress,
+    Families, SliceAddress, TargetPort, WorkloadAddress, zone_hints,
 };
 use crate::text::{Token, ip_text};
 use crate::{Diagnostic, Problem};
@@ -59,6 +59,8 @@ pub(crate) struct Wanted<'a> {
     uid: Option<&'a Token>,
     addresses: Addresses,
     zone: Option<&'a str>,
+    /// Hinted for its own zone (`hints.forZones: [zone]`).
+    zone_hint: bool,
     hostname: Option<&'a str>,
     ready: bool,
     serving: bool,
@@ -141,6 +143,7 @@ pub(crate) fn desired<'a>(
     let families = service.families;
     let headless = service.headless;
     let publish_not_ready = service.publish_not_ready;
+    let zone_hints = service.traffic_distribution.zone_hints();
     let service_ports: &[CachedServicePort] = &service.ports;
 
     // Sorted by name so output and diagnostics never depend on input order. The sort compares
@@ -189,7 +192,7 @@ pub(crate) fn desired<'a>(
             if addresses.is_empty() || !families.contains(family) {
                 continue;
             }
-            let wanted = wanted(workload, addresses, hostname, publish_not_ready);
+            let wanted = wanted(workload, addresses, hostname, publish_not_ready, zone_hints);
             buckets.entry((family, list)).or_default().push(wanted);
         }
         report(&mut diagnostics, name, problems);
@@ -302,17 +305,23 @@ fn wanted<'a>(
     addresses: Addresses,
     hostname: Option<&'a str>,
     publish_not_ready: bool,
+    zone_hints: bool,
 ) -> Wanted<'a> {
     let serving = workload.ready;
     let terminating = workload.deleting;
+    let ready = publish_not_ready || (serving && !terminating);
+    let zone = workload.zone();
     Wanted {
         name: &workload.name,
         namespace: Some(&*workload.namespace).filter(|n| !n.is_empty()),
         uid: workload.uid.as_ref(),
         addresses,
-        zone: workload.zone(),
+        zone,
+        // Upstream's rule (k8s.io/endpointslice, trafficdist): only ready endpoints are
+        // hinted, each for its own zone; an endpoint without a zone gets no hint.
+        zone_hint: zone_hints && ready && zone.is_some(),
         hostname,
-        ready: publish_not_ready || (serving && !terminating),
+        ready,
         serving,
         terminating,
     }
@@ -361,6 +370,7 @@ impl Wanted<'_> {
                 ..ObjectReference::default()
             }),
             zone: self.zone.map(str::to_owned),
+            hints: self.zone.filter(|_| self.zone_hint).map(zone_hints),
             ..Endpoint::default()
         }
     }
@@ -388,6 +398,7 @@ impl Wanted<'_> {
             && endpoint.conditions == Some(conditions)
             && endpoint.hostname.as_deref() == self.hostname
             && endpoint.zone.as_deref() == self.zone
+            && endpoint.zone_hint == self.zone_hint
             && target.name.as_deref() == Some(self.name)
             && target.uid.as_ref() == self.uid
     }

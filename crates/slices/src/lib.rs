@@ -54,8 +54,9 @@ pub use labels::{
 };
 pub use model::{
     CachedEndpoint, CachedOwner, CachedService, CachedServicePort, CachedSlice, CachedSlicePort,
-    CachedTarget, CachedWorkload, CachedWorkloadPort, Conditions, Families, SliceAddress,
-    TargetPort, WorkloadAddress,
+    CachedTarget, CachedWorkload, CachedWorkloadPort, Conditions,
+    DEPRECATED_TOPOLOGY_HINTS_ANNOTATION, Families, SliceAddress, TOPOLOGY_MODE_ANNOTATION,
+    TargetPort, TrafficDistribution, WorkloadAddress,
 };
 pub use plan::{SlicePlan, Write, plan_cached, plan_slices};
 pub use service_key::ServiceKey;

@@ -9,7 +9,9 @@ use std::net::IpAddr;
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointHints, EndpointPort, EndpointSlice, ForZone,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -42,6 +44,25 @@ pub struct CachedService {
     pub ports: Box<[CachedServicePort]>,
     /// Families the slices may have (`ipFamilies`; none listed means both).
     pub families: Families,
+    /// `trafficDistribution`, as it decides endpoint hints (docs/slices.md, "Topology hints").
+    pub traffic_distribution: TrafficDistribution,
+}
+
+/// A Service's `spec.trafficDistribution`, as far as it decides the hints of its endpoints
+/// (docs/slices.md, "Topology hints"). One byte in the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TrafficDistribution {
+    /// No preference: the field is unset, holds a value this controller does not know, or the
+    /// Service asks for the older topology-aware routing by annotation, which takes precedence
+    /// upstream. Endpoints carry no hints.
+    #[default]
+    Any,
+    /// `PreferSameZone`, or `PreferClose` (its deprecated name, which means the same): a ready
+    /// endpoint with a zone is hinted for that zone.
+    PreferSameZone,
+    /// `PreferSameNode`: hints for the endpoint's node and zone; external workloads run on no
+    /// node, so only the zone hint is written.
+    PreferSameNode,
 }
 
 /// A Service port.
@@ -190,9 +211,12 @@ pub struct CachedEndpoint {
     pub zone: Option<Text>,
     /// targetRef.
     pub target: Option<CachedTarget>,
-    /// The endpoint sets a field this controller never writes (nodeName, hints,
-    /// deprecatedTopology, or a targetRef apiVersion, fieldPath or resourceVersion): it differs
-    /// from any endpoint the planner wants.
+    /// hints are exactly `forZones: [zone]`, this endpoint's own zone, and nothing else (the
+    /// only hints this controller writes).
+    pub zone_hint: bool,
+    /// The endpoint sets a field this controller never writes (nodeName, deprecatedTopology,
+    /// hints other than `zone_hint`, or a targetRef apiVersion, fieldPath or resourceVersion):
+    /// it differs from any endpoint the planner wants.
     pub foreign: bool,
 }
 
@@ -279,6 +303,55 @@ impl Families {
     }
 }
 
+// === impl TrafficDistribution ===
+
+impl TrafficDistribution {
+    /// The `trafficDistribution` values that ask for hints.
+    const PREFER_CLOSE: &str = "PreferClose";
+    const PREFER_SAME_ZONE: &str = "PreferSameZone";
+    const PREFER_SAME_NODE: &str = "PreferSameNode";
+
+    /// What `service` asks for. The topology-mode annotation (or its deprecated predecessor)
+    /// set to `Auto` makes upstream ignore `trafficDistribution` in favour of its CPU-weighted
+    /// heuristic, which needs Nodes in each zone and does not apply to external workloads: we
+    /// then write no hints (docs/slices.md, "Topology hints").
+    pub fn of(service: &Service) -> Self {
+        let annotations = service.metadata.annotations.as_ref();
+        let auto = [
+            TOPOLOGY_MODE_ANNOTATION,
+            DEPRECATED_TOPOLOGY_HINTS_ANNOTATION,
+        ]
+        .iter()
+        .find_map(|key| annotations.and_then(|a| a.get(*key)))
+        .is_some_and(|mode| mode == "Auto" || mode == "auto");
+        if auto {
+            return TrafficDistribution::Any;
+        }
+        let value = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.traffic_distribution.as_deref());
+        match value {
+            Some(Self::PREFER_CLOSE | Self::PREFER_SAME_ZONE) => {
+                TrafficDistribution::PreferSameZone
+            }
+            Some(Self::PREFER_SAME_NODE) => TrafficDistribution::PreferSameNode,
+            _ => TrafficDistribution::Any,
+        }
+    }
+
+    /// Whether ready endpoints with a zone are hinted for it.
+    pub fn zone_hints(self) -> bool {
+        !matches!(self, TrafficDistribution::Any)
+    }
+}
+
+/// The annotation that turns on upstream's older topology-aware routing (`Auto`).
+pub const TOPOLOGY_MODE_ANNOTATION: &str = "service.kubernetes.io/topology-mode";
+
+/// The deprecated predecessor of [`TOPOLOGY_MODE_ANNOTATION`] (`auto`); upstream reads it first.
+pub const DEPRECATED_TOPOLOGY_HINTS_ANNOTATION: &str = "service.kubernetes.io/topology-aware-hints";
+
 // === impl CachedService ===
 
 impl CachedService {
@@ -324,6 +397,7 @@ impl CachedService {
                     .into_iter()
                     .flatten(),
             ),
+            traffic_distribution: TrafficDistribution::of(service),
         }
     }
 
@@ -552,8 +626,9 @@ impl CachedOwner {
 impl CachedEndpoint {
     fn new(endpoint: &Endpoint, intern: &impl Intern) -> Self {
         let target = endpoint.target_ref.as_ref();
+        let zone_hint = zone_hint(endpoint);
         let foreign = endpoint.node_name.is_some()
-            || endpoint.hints.is_some()
+            || zone_hint.is_none()
             || endpoint.deprecated_topology.is_some()
             || target.is_some_and(|t| {
                 t.api_version.is_some() || t.field_path.is_some() || t.resource_version.is_some()
@@ -577,6 +652,7 @@ impl CachedEndpoint {
                 name: text(t.name.as_ref(), intern),
                 uid: token(t.uid.as_ref()),
             }),
+            zone_hint: zone_hint.unwrap_or(false),
             foreign,
         }
     }
@@ -591,6 +667,11 @@ impl CachedEndpoint {
             }),
             hostname: self.hostname.as_ref().map(|h| h.to_string()),
             zone: self.zone.as_ref().map(|z| z.to_string()),
+            hints: self
+                .zone
+                .as_ref()
+                .filter(|_| self.zone_hint)
+                .map(|zone| zone_hints(zone)),
             target_ref: self.target.as_ref().map(|t| ObjectReference {
                 kind: t.kind.as_ref().map(|k| k.to_string()),
                 namespace: t.namespace.as_ref().map(|n| n.to_string()),
@@ -600,5 +681,31 @@ impl CachedEndpoint {
             }),
             ..Endpoint::default()
         }
+    }
+}
+
+/// Whether `endpoint` has no hints (`Some(false)`), exactly the hint this controller writes,
+/// `forZones: [its own zone]` (`Some(true)`), or any other hints (`None`, foreign). Empty lists
+/// count as absent: the API server drops them.
+fn zone_hint(endpoint: &Endpoint) -> Option<bool> {
+    let Some(hints) = endpoint.hints.as_ref() else {
+        return Some(false);
+    };
+    let zones = hints.for_zones.as_deref().unwrap_or_default();
+    let nodes = hints.for_nodes.as_deref().unwrap_or_default();
+    match (zones, nodes, endpoint.zone.as_deref()) {
+        ([], [], _) => None,
+        ([only], [], Some(zone)) if only.name == zone => Some(true),
+        _ => None,
+    }
+}
+
+/// The hints of an endpoint hinted for its own `zone`.
+pub(crate) fn zone_hints(zone: &str) -> EndpointHints {
+    EndpointHints {
+        for_zones: Some(vec![ForZone {
+            name: zone.to_owned(),
+        }]),
+        for_nodes: None,
     }
 }

@@ -202,6 +202,23 @@ impl Svc {
         self
     }
 
+    /// With `trafficDistribution` set to `value` (`PreferSameZone`, `PreferClose`,
+    /// `PreferSameNode`).
+    pub fn traffic_distribution(mut self, value: &str) -> Self {
+        self.spec().traffic_distribution = Some(value.to_owned());
+        self
+    }
+
+    /// With this annotation on the Service.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        self
+    }
+
     /// The Service.
     pub fn build(self) -> Service {
         self.0

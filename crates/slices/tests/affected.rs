@@ -74,6 +74,29 @@ fn service_event_gives_that_service() {
 }
 
 #[test]
+fn service_update_changing_only_traffic_distribution_gives_that_service() {
+    // Every Service update names its Service; the projection must see the change too, or the
+    // reconcile would plan from the old value.
+    let old = CachedService::from(&Svc::named("web").selector("app", "web").build());
+    let new = CachedService::from(
+        &Svc::named("web")
+            .selector("app", "web")
+            .traffic_distribution("PreferSameZone")
+            .build(),
+    );
+    assert_ne!(old, new, "the cached Service keeps trafficDistribution");
+    assert_eq!(for_service(&new), ServiceKey::new("default", "web"));
+    let annotated = CachedService::from(
+        &Svc::named("web")
+            .selector("app", "web")
+            .traffic_distribution("PreferSameZone")
+            .annotation(slices::TOPOLOGY_MODE_ANNOTATION, "Auto")
+            .build(),
+    );
+    assert_ne!(new, annotated, "the topology-mode annotation is seen");
+}
+
+#[test]
 fn workload_add_or_delete_gives_the_selecting_services_of_its_namespace() {
     let w = workload(&vm().build());
     assert_eq!(
@@ -123,6 +146,12 @@ fn workload_update_table() {
             "zone_only_label_change_counts",
             vm(),
             vm().zone("z1"),
+            keys(&["all-web", "web"]),
+        ),
+        (
+            "zone_moved_to_another_zone_counts",
+            vm().zone("z1"),
+            vm().zone("z2"),
             keys(&["all-web", "web"]),
         ),
         (

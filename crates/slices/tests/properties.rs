@@ -1,9 +1,11 @@
 //! Property tests of the planner's invariants (docs/slices.md): re-planning the applied
 //! result is empty; every desired endpoint appears exactly once; no slice over the maximum;
-//! the plan does not depend on input order; inputs are never mutated.
+//! the plan does not depend on input order; inputs are never mutated; every endpoint carries
+//! exactly the topology hint its Service's `trafficDistribution` asks for (none stale), and no
+//! hint names a zone no endpoint of its slice is in.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use api::v1beta1::ExternalWorkload;
@@ -110,32 +112,46 @@ fn service() -> impl Strategy<Value = Service> {
                 "external-name",
             ][..],
         ),
+        prop::sample::select(
+            &[
+                None,
+                None,
+                Some("PreferSameZone"),
+                Some("PreferClose"),
+                Some("PreferSameNode"),
+            ][..],
+        ),
     )
-        .prop_map(|(families, headless, publish, team_label, selection)| {
-            let mut s = Svc::named("web")
-                .selector("app", "web")
-                .port("http", 80, "http")
-                .port("admin", 81, "admin")
-                .port("raw", 82, 9000);
-            if !families.is_empty() {
-                s = s.families(&families);
-            }
-            if headless {
-                s = s.headless();
-            }
-            if publish {
-                s = s.publish_not_ready();
-            }
-            if team_label {
-                s = s.label("team", "a");
-            }
-            match selection {
-                "none" => s = s.no_selector(),
-                "external-name" => s = s.external_name(),
-                _ => {}
-            }
-            s.build()
-        })
+        .prop_map(
+            |(families, headless, publish, team_label, selection, distribution)| {
+                let mut s = Svc::named("web")
+                    .selector("app", "web")
+                    .port("http", 80, "http")
+                    .port("admin", 81, "admin")
+                    .port("raw", 82, 9000);
+                if !families.is_empty() {
+                    s = s.families(&families);
+                }
+                if headless {
+                    s = s.headless();
+                }
+                if publish {
+                    s = s.publish_not_ready();
+                }
+                if team_label {
+                    s = s.label("team", "a");
+                }
+                if let Some(distribution) = distribution {
+                    s = s.traffic_distribution(distribution);
+                }
+                match selection {
+                    "none" => s = s.no_selector(),
+                    "external-name" => s = s.external_name(),
+                    _ => {}
+                }
+                s.build()
+            },
+        )
 }
 
 /// A state, and an earlier state whose slices exist (some deleted by someone else).
@@ -149,28 +165,37 @@ fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<Endp
         1..6usize,
         1..6usize,
         prop::collection::vec(any::<bool>(), 0..10),
+        any::<bool>(),
     )
-        .prop_map(|(svc, earlier_svc, now, earlier, max, earlier_max, lost)| {
-            let workloads: Vec<_> = now.iter().enumerate().map(|(i, s)| build(i, s)).collect();
-            let earlier: Vec<_> = earlier
-                .iter()
-                .enumerate()
-                .map(|(i, s)| build(i, s))
-                .collect();
-            let config = config(earlier_max);
-            let refs: Vec<_> = earlier.iter().collect();
-            let mut store = SliceStore::default();
-            store.apply(&plan_slices(&earlier_svc, &refs, &[], &config, &time(1)));
-            // Someone else deleted some of them.
-            let existing = store
-                .slices()
-                .into_iter()
-                .zip(lost.iter().chain(std::iter::repeat(&false)))
-                .filter(|(_, lost)| !**lost)
-                .map(|(s, _)| s.clone())
-                .collect();
-            (svc, workloads, existing, max)
-        })
+        .prop_map(
+            |(svc, earlier_svc, now, earlier, max, earlier_max, lost, same)| {
+                let workloads: Vec<_> = now.iter().enumerate().map(|(i, s)| build(i, s)).collect();
+                // Half the time the workloads are unchanged and only the Service moved on (a new
+                // trafficDistribution, say), so the slices differ in that respect alone.
+                let earlier: Vec<_> = if same {
+                    workloads.clone()
+                } else {
+                    earlier
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| build(i, s))
+                        .collect()
+                };
+                let config = config(earlier_max);
+                let refs: Vec<_> = earlier.iter().collect();
+                let mut store = SliceStore::default();
+                store.apply(&plan_slices(&earlier_svc, &refs, &[], &config, &time(1)));
+                // Someone else deleted some of them.
+                let existing = store
+                    .slices()
+                    .into_iter()
+                    .zip(lost.iter().chain(std::iter::repeat(&false)))
+                    .filter(|(_, lost)| !**lost)
+                    .map(|(s, _)| s.clone())
+                    .collect();
+                (svc, workloads, existing, max)
+            },
+        )
 }
 
 fn config(max: usize) -> Config {
@@ -244,6 +269,15 @@ fn actual_endpoints(slices: &[&EndpointSlice]) -> BTreeMap<(String, String), usi
     actual
 }
 
+/// Whether the Service asks for zone hints (any of the three values; no annotation is generated).
+fn wants_zone_hints(service: &Service) -> bool {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.traffic_distribution.as_deref())
+        .is_some()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -298,5 +332,43 @@ proptest! {
         let before = (service.clone(), workloads.clone(), existing.clone(), config.clone());
         let _ = run_plan(&service, &workloads, &existing, &config);
         prop_assert_eq!((service, workloads, existing, config), before);
+    }
+
+    #[test]
+    fn every_endpoint_carries_exactly_the_hint_its_service_asks_for((service, workloads, existing, max) in scenario()) {
+        // The earlier state's Service had its own trafficDistribution: hints it left must go.
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        let mut store = SliceStore::with(existing);
+        store.apply(&plan);
+        let hinting = wants_zone_hints(&service);
+        for slice in store.slices() {
+            for endpoint in slice.endpoints.iter().flatten() {
+                let ready = endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+                let expected = endpoint.zone.clone().filter(|_| hinting && ready).map(|zone| vec![zone]);
+                let hints = endpoint.hints.clone();
+                prop_assert!(
+                    hints.as_ref().is_none_or(|h| h.for_nodes.is_none()),
+                    "a node hint on {:?}", endpoint
+                );
+                let zones: Option<Vec<String>> = hints
+                    .and_then(|h| h.for_zones)
+                    .map(|z| z.into_iter().map(|z| z.name).collect());
+                prop_assert_eq!(zones, expected, "endpoint {:?}", endpoint);
+            }
+        }
+    }
+
+    #[test]
+    fn hints_never_name_a_zone_no_endpoint_of_the_slice_is_in((service, workloads, existing, max) in scenario()) {
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        for slice in plan.creates.iter().chain(&plan.updates) {
+            let endpoints = slice.endpoints.iter().flatten();
+            let zones: BTreeSet<&str> = endpoints.clone().filter_map(|e| e.zone.as_deref()).collect();
+            for hint in endpoints.filter_map(|e| e.hints.as_ref()).flat_map(|h| h.for_zones.iter().flatten()) {
+                prop_assert!(zones.contains(hint.name.as_str()), "hint {} not among {:?}", hint.name, zones);
+            }
+        }
     }
 }

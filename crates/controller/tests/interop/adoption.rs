@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 
 use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::Service,
+    discovery::v1::{EndpointHints, EndpointSlice, ForZone},
+};
 use kube::{
     ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
@@ -27,12 +30,13 @@ const HOLD: &str = "external-endpoints.test/hold";
 pub const SAME: [&str; 5] = ["web", "dual", "headless", "multi", "big"];
 
 /// One Service per difference: what Linkerd wrote differs from ours.
-pub const DIFFERENT: [&str; 5] = [
+pub const DIFFERENT: [&str; 6] = [
     "numeric",
     "draining",
     "published",
     "relabelled",
     "unselected",
+    "zoned",
 ];
 
 /// Service `web` (labelled, one named port) with `web-1` (ready, zoned) and `web-2` (not ready).
@@ -294,6 +298,25 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         .apply_workload(vm("gone-1", "app", "gone").ip("10.10.0.1").ready())
         .await;
 
+    // zoned: trafficDistribution PreferSameZone. Linkerd writes no hints; ours hints each
+    // ready endpoint for its zone.
+    cluster
+        .create_service(
+            Svc::named("zoned")
+                .selector("app", "zoned")
+                .port("http", 80, "http")
+                .traffic_distribution("PreferSameZone"),
+        )
+        .await;
+    for (name, ip, zone) in [
+        ("zoned-1", "10.11.0.1", "zone-a"),
+        ("zoned-2", "10.11.0.2", "zone-b"),
+    ] {
+        cluster
+            .apply_workload(vm(name, "app", "zoned").ip(ip).zone(zone).ready())
+            .await;
+    }
+
     let mut all: Vec<&str> = SAME.to_vec();
     all.extend(DIFFERENT);
     create_linkerd_slices(&cluster, &all).await;
@@ -317,7 +340,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         )
         .await;
     let before = slices_by_name(&cluster).await;
-    assert_eq!(before.len(), 12, "Linkerd's slices: {:?}", before.keys());
+    assert_eq!(before.len(), 13, "Linkerd's slices: {:?}", before.keys());
 
     let ours = Ours::start(testbed, &cluster.namespace, "ours-adopt", SHORT, false).await;
     ours.replica.wait_leading(CONVERGE).await;
@@ -372,7 +395,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(writes("Create").await, 0.0, "no slice created");
     assert_eq!(
         writes("Update").await,
-        4.0,
+        5.0,
         "one update per differing Service"
     );
     assert_eq!(
@@ -435,6 +458,24 @@ pub async fn run(testbed: &'static testbed::Testbed) {
 
     let (_, now) = only("unselected");
     assert!(now.is_none(), "unselected: the slice is deleted");
+
+    let (was, now) = only("zoned");
+    let now = now.expect("zoned's slice updated in place");
+    let mut expected = was.endpoints.clone().unwrap_or_default();
+    for endpoint in &mut expected {
+        assert_eq!(endpoint.hints, None, "Linkerd writes no hints");
+        endpoint.hints = Some(EndpointHints {
+            for_zones: Some(vec![ForZone {
+                name: endpoint.zone.clone().unwrap(),
+            }]),
+            for_nodes: None,
+        });
+    }
+    assert_eq!(
+        now.endpoints.unwrap_or_default(),
+        expected,
+        "zoned: only the hints added"
+    );
 
     release_held(&cluster).await;
 }
