@@ -52,7 +52,7 @@ use crate::{
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
     watch::{
-        fresh::{Freshness, ReadVersion},
+        fresh::{self, CachedCount, Freshness, ReadVersion},
         health::{Command, KindHealth, version_number},
         source::{Source, WatchCounters},
     },
@@ -137,18 +137,21 @@ impl Controller {
         registry.register_collector(Box::new(health.clone()));
         let selector = slice_selector(&config.slices);
         let freshness = Freshness::new(vec![
-            (
-                services,
-                read_version(api_for::<Service>(&client, &config), None),
-            ),
-            (
-                workloads,
-                read_version(api_for::<ExternalWorkload>(&client, &config), None),
-            ),
-            (
-                slices,
-                read_version(api_for::<EndpointSlice>(&client, &config), Some(selector)),
-            ),
+            fresh::Kind {
+                health: services,
+                read: read_version(api_for::<Service>(&client, &config), None),
+                cached: count(&caches.services),
+            },
+            fresh::Kind {
+                health: workloads,
+                read: read_version(api_for::<ExternalWorkload>(&client, &config), None),
+                cached: count(&caches.workloads),
+            },
+            fresh::Kind {
+                health: slices,
+                read: read_version(api_for::<EndpointSlice>(&client, &config), Some(selector)),
+                cached: count(&caches.slices),
+            },
         ]);
         let shared = Arc::new(Shared {
             caches: caches.clone(),
@@ -380,6 +383,12 @@ where
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     }
+}
+
+/// How many objects `store` holds, for the barrier's choice between re-list and probe.
+fn count<K: store::Cached>(store: &Arc<store::Store<K>>) -> CachedCount {
+    let store = store.clone();
+    Arc::new(move || store.len())
 }
 
 /// The label selector of the managed slices.
