@@ -244,6 +244,7 @@ impl Controller {
 }
 
 /// The watches of a controller, supervised: each runs in `set`, and `kinds` names each task.
+#[derive(Default)]
 struct Watches {
     set: JoinSet<()>,
     kinds: HashMap<tokio::task::Id, &'static str>,
@@ -258,10 +259,7 @@ impl Watches {
         commands: WatchCommands,
         stop: &CancellationToken,
     ) -> Self {
-        let mut watches = Self {
-            set: JoinSet::new(),
-            kinds: HashMap::new(),
-        };
+        let mut watches = Self::default();
         let caches = controller.caches.clone();
         let config = controller.config.slices.clone();
         let [services, workloads, slices] = controller.health.kinds();
@@ -340,7 +338,12 @@ impl Watches {
             },
             stop.clone(),
         );
-        let task = self.set.spawn(watch.instrument(span));
+        self.supervise(kind, watch.instrument(span));
+    }
+
+    /// Runs `watch` under supervision: [`Watches::next_stopped`] reports its end, naming `kind`.
+    fn supervise(&mut self, kind: &'static str, watch: impl Future<Output = ()> + Send + 'static) {
+        let task = self.set.spawn(watch);
         self.kinds.insert(task.id(), kind);
     }
 
@@ -425,4 +428,46 @@ where
         }
         .boxed()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_watch_task_that_panics_ends_the_run_with_an_error_naming_its_kind() {
+        let mut watches = Watches::default();
+        watches.supervise("Service", std::future::pending());
+        watches.supervise("ExternalWorkload", async {
+            tokio::task::yield_now().await;
+            panic!("a projection bug");
+        });
+        let stopped = tokio::time::timeout(Duration::from_secs(5), watches.next_stopped())
+            .await
+            .expect("the panic is reported");
+        match stopped {
+            Error::WatchStopped { kind, reason } => {
+                assert_eq!(kind, "ExternalWorkload");
+                assert!(reason.contains("panicked"), "{reason}");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watch_task_that_returns_is_a_failure_too() {
+        let mut watches = Watches::default();
+        watches.supervise("EndpointSlice", async {});
+        let stopped = watches.next_stopped().await;
+        assert!(
+            matches!(
+                stopped,
+                Error::WatchStopped {
+                    kind: "EndpointSlice",
+                    ..
+                }
+            ),
+            "{stopped}"
+        );
+    }
 }

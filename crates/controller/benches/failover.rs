@@ -1,6 +1,7 @@
 //! Fail-over benchmark on the testbed (real kube-apiserver + etcd, real controller processes):
 //!
-//! 1. graceful hand-over: SIGTERM the leader, change a workload at once, and time the change
+//! 1. graceful hand-over (quiet, then with a client changing the other workloads at
+//!    `FAILOVER_CHURN_RATE`/s, 20 by default): SIGTERM the leader, change a workload at once, and time the change
 //!    appearing in the EndpointSlice (seen through a watch), and the follower's "acquired the
 //!    lease" log line;
 //! 2. crash fail-over: the same with SIGKILL (bounded by the lease duration);
@@ -85,7 +86,36 @@ async fn run() {
     progress(started, "done");
 }
 
-/// Graceful (SIGTERM) and crash (SIGKILL) hand-overs with one Service and a few workloads.
+/// The new leader's acquisition barrier, from its metric (0 when not read).
+async fn barrier_seconds(replica: &Replica) -> f64 {
+    replica
+        .metric("external_endpoints_acquire_barrier_seconds", "")
+        .await
+        .unwrap_or(0.0)
+}
+
+/// Changes the IPs of vm-1..vm-4 in turn, `rate` times a second, until aborted.
+fn churn_workloads(workloads: Api<ExternalWorkload>, rate: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / rate.max(1) as u32);
+        for n in 0u64.. {
+            tick.tick().await;
+            let vm = 1 + n % 4;
+            let ip = format!("10.2.{}.{}", vm, 1 + (n / 4) % 250);
+            let patch = serde_json::json!({"spec": {"workloadIPs": [{"ip": ip}]}});
+            let _ = workloads
+                .patch(
+                    &format!("vm-{vm}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await;
+        }
+    })
+}
+
+/// Graceful (SIGTERM, quiet and under churn) and crash (SIGKILL) hand-overs with one Service and
+/// a few workloads.
 async fn handover(
     testbed: &testbed::Testbed,
     client: &Client,
@@ -144,8 +174,17 @@ async fn handover(
     wait_seen(&seen, "10.0.0.5", Duration::from_secs(60)).await;
     progress(started, "hand-over: 2 replicas up, slices written");
 
-    for crash in [false, true] {
-        let kind = if crash { "SIGKILL" } else { "SIGTERM" };
+    // Graceful rounds quiet, then under churn (a client changing the other workloads at
+    // `FAILOVER_CHURN_RATE`/s), then crashes.
+    let churn_rate = env_usize("FAILOVER_CHURN_RATE", 20);
+    for (crash, churn) in [(false, false), (false, true), (true, false)] {
+        let kind = match (crash, churn) {
+            (true, _) => "SIGKILL".to_string(),
+            (false, false) => "SIGTERM".to_string(),
+            (false, true) => format!("SIGTERM under {churn_rate}/s churn"),
+        };
+        let churning = churn.then(|| churn_workloads(workloads.clone(), churn_rate));
+        let mut barriers = Vec::new();
         let mut to_write = Vec::new();
         let mut to_acquire = Vec::new();
         let mut acquire_to_write = Vec::new();
@@ -209,6 +248,7 @@ async fn handover(
                 acquire_to_write.push(seconds_between(acquired, written));
             }
             to_acquire.push(seconds_between(signalled, acquired));
+            barriers.push(barrier_seconds(&follower).await);
             if let Some(release) = release {
                 to_release.push(seconds_between(signalled, release));
             }
@@ -216,6 +256,10 @@ async fn handover(
             follower = spawn(kubeconfig).await;
             follower.wait_ready(Duration::from_secs(60)).await;
         }
+        if let Some(churning) = churning {
+            churning.abort();
+        }
+        table.row(&format!("{kind}: acquisition barrier"), "s", &barriers, "");
         if crash {
             table.row("crash: SIGKILL → new leader acquired", "s", &to_acquire, "");
             table.row(
@@ -226,19 +270,19 @@ async fn handover(
             );
         } else {
             table.row(
-                "graceful: SIGTERM → old leader released the lease",
+                &format!("graceful ({kind}) → old leader released the lease"),
                 "s",
                 &to_release,
                 "",
             );
             table.row(
-                "graceful: SIGTERM → new leader acquired",
+                &format!("graceful ({kind}) → new leader acquired"),
                 "s",
                 &to_acquire,
                 "",
             );
             table.row(
-                "graceful: SIGTERM → new leader's first write seen",
+                &format!("graceful ({kind}) → new leader's first write seen"),
                 "s",
                 &to_write,
                 "≤ 1 s",
@@ -319,6 +363,7 @@ async fn acquire(
     let mut from_signal = Vec::new();
     let mut cpu_used = Vec::new();
     let mut writes = Vec::new();
+    let mut barriers = Vec::new();
     for round in 0..rounds {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let cpu_before = follower.metrics().await.map_or(0.0, |m| m.cpu_seconds());
@@ -340,6 +385,7 @@ async fn acquire(
                 metrics.queue_adds(),
             ),
         );
+        barriers.push(barrier_seconds(&follower).await);
         checked.push(seconds_between(acquired, done));
         from_signal.push(seconds_between(signalled, done));
         cpu_used.push(cpu);
@@ -355,6 +401,12 @@ async fn acquire(
         "s",
         &checked,
         target,
+    );
+    table.row(
+        &format!("{services} Services: acquisition barrier (acquired → caches shown fresh)"),
+        "s",
+        &barriers,
+        "",
     );
     table.row(
         &format!("{services} Services: SIGTERM → all checked by the new leader"),

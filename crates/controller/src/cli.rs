@@ -293,6 +293,17 @@ mod tests {
     }
 
     #[test]
+    fn a_watch_stall_timeout_below_six_seconds_is_refused() {
+        let args = parse(&["--identity", "a"]).unwrap();
+        assert_eq!(args.watch_stall_timeout, Duration::from_secs(30));
+        let args = parse(&["--identity", "a", "--watch-stall-timeout", "5s"]).unwrap();
+        let err = args.validate(None).unwrap_err();
+        assert!(err.starts_with("--watch-stall-timeout"), "{err}");
+        let args = parse(&["--identity", "a", "--watch-stall-timeout", "6s"]).unwrap();
+        assert!(args.validate(None).is_ok());
+    }
+
+    #[test]
     fn empty_lease_name_is_refused() {
         let args = parse(&["--identity", "a", "--lease-name", ""]).unwrap();
         assert!(args.validate(None).unwrap_err().contains("--lease-name"));

@@ -199,6 +199,7 @@ fn help_explains_every_flag_with_its_default() {
         ("--slice-prefix", Some("linkerd-external-")),
         ("--resync-period", Some("10m")),
         ("--drain-timeout", Some("10s")),
+        ("--watch-stall-timeout", Some("30s")),
         ("--admin-addr", Some("127.0.0.1:9990")),
         ("--log-format", Some("plain")),
         ("--log-level", Some("info")),

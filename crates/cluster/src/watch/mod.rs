@@ -14,6 +14,8 @@
 pub mod fresh;
 pub mod health;
 pub mod source;
+#[cfg(test)]
+mod stall_tests;
 
 use std::{fmt::Debug, sync::Arc};
 
