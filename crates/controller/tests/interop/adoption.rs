@@ -27,12 +27,13 @@ const HOLD: &str = "external-endpoints.test/hold";
 pub const SAME: [&str; 5] = ["web", "dual", "headless", "multi", "big"];
 
 /// One Service per difference: what Linkerd wrote differs from ours.
-pub const DIFFERENT: [&str; 5] = [
+pub const DIFFERENT: [&str; 6] = [
     "numeric",
     "draining",
     "published",
     "relabelled",
     "unselected",
+    "rezoned",
 ];
 
 /// Service `web` (labelled, one named port) with `web-1` (ready, zoned) and `web-2` (not ready).
@@ -294,6 +295,25 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         .apply_workload(vm("gone-1", "app", "gone").ip("10.10.0.1").ready())
         .await;
 
+    // rezoned: the workload's zone label changed after Linkerd wrote the slice. A label-only
+    // change makes Linkerd re-check only the Services that start or stop selecting the
+    // workload, so its slice keeps the old zone; ours updates the endpoint's zone.
+    cluster
+        .create_service(
+            Svc::named("rezoned")
+                .selector("app", "rezone")
+                .port("http", 80, "http"),
+        )
+        .await;
+    cluster
+        .apply_workload(
+            vm("rezone-1", "app", "rezone")
+                .ip("10.11.0.1")
+                .zone("zone-a")
+                .ready(),
+        )
+        .await;
+
     let mut all: Vec<&str> = SAME.to_vec();
     all.extend(DIFFERENT);
     create_linkerd_slices(&cluster, &all).await;
@@ -316,8 +336,16 @@ pub async fn run(testbed: &'static testbed::Testbed) {
                 .port("http", 80, "http"),
         )
         .await;
+    cluster
+        .apply_workload(
+            vm("rezone-1", "app", "rezone")
+                .ip("10.11.0.1")
+                .zone("zone-b")
+                .ready(),
+        )
+        .await;
     let before = slices_by_name(&cluster).await;
-    assert_eq!(before.len(), 12, "Linkerd's slices: {:?}", before.keys());
+    assert_eq!(before.len(), 13, "Linkerd's slices: {:?}", before.keys());
 
     let ours = Ours::start(testbed, &cluster.namespace, "ours-adopt", SHORT, false).await;
     ours.replica.wait_leading(CONVERGE).await;
@@ -372,7 +400,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(writes("Create").await, 0.0, "no slice created");
     assert_eq!(
         writes("Update").await,
-        4.0,
+        5.0,
         "one update per differing Service"
     );
     assert_eq!(
@@ -435,6 +463,29 @@ pub async fn run(testbed: &'static testbed::Testbed) {
 
     let (_, now) = only("unselected");
     assert!(now.is_none(), "unselected: the slice is deleted");
+
+    let (was, now) = only("rezoned");
+    let now = now.expect("rezoned's slice updated in place");
+    let zones = |slice: &EndpointSlice| -> Vec<Option<String>> {
+        slice
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| e.zone.clone())
+            .collect()
+    };
+    assert_eq!(
+        zones(&was),
+        vec![Some("zone-a".to_string())],
+        "Linkerd's stale zone"
+    );
+    assert_eq!(
+        zones(&now),
+        vec![Some("zone-b".to_string())],
+        "rezoned: the zone follows"
+    );
+    assert_eq!(conditions(&now), conditions(&was));
+    assert_eq!(now.ports, was.ports);
 
     release_held(&cluster).await;
 }
