@@ -34,12 +34,13 @@ use std::time::Duration;
 
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::{ApiResource, DynamicObject},
 };
 
 use contender::{Contender, LEASE_NAME, LINKERD, Ours, SHORT, proxy};
 use harness::{CONVERGE, Cluster, eventually};
+use slices::testing;
 use timeline::{
     LeaseLog, Record, assert_markers_within, assert_never_together, between, contender_intervals,
     our_intervals,
@@ -483,6 +484,48 @@ async fn migration_from_linkerd_and_back_keeps_every_slice_correct() {
         return;
     };
     migration::run(testbed, &binary).await;
+}
+
+/// Linkerd's controller ignores Service events in `kube-system`; ours makes no exception: a
+/// Service there gets slices, and a change of the Service reaches them.
+#[tokio::test(flavor = "multi_thread")]
+async fn services_in_kube_system_get_slices_like_any_other() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    // The only test of this binary in kube-system (each run has its own testbed).
+    let cluster = Cluster {
+        client: testbed.client().await.unwrap(),
+        namespace: "kube-system".into(),
+    };
+    let ours = Ours::start(
+        testbed,
+        &cluster.namespace,
+        "ours-kube-system",
+        SHORT,
+        false,
+    )
+    .await;
+    ours.replica.wait_leading(CONVERGE).await;
+    cluster.create_service(testing::web()).await;
+    cluster
+        .apply_workload(testing::vm("vm-1", "10.0.0.1"))
+        .await;
+    cluster.wait_converged().await;
+    assert_eq!(cluster.slices_of("web").await.len(), 1);
+    cluster
+        .update_service(testing::web().label("team", "platform"))
+        .await;
+    eventually("the Service's new label on its slice", CONVERGE, || async {
+        let slices = cluster.slices_of("web").await;
+        let labels: Vec<_> = slices
+            .iter()
+            .map(|s| s.labels().get("team").cloned())
+            .collect();
+        (labels == [Some("platform".to_string())])
+            .then_some(())
+            .ok_or_else(|| format!("{labels:?}"))
+    })
+    .await;
 }
 
 #[test]
