@@ -189,7 +189,9 @@ fn start(
         format!("POD_NAMESPACE={}", cluster.namespace),
     ];
     let spec = image.runtime_spec(rootfs, id, config_dir, &args, &env);
-    Container::run(dir, id, &spec)
+    // runc's container ids (and cgroups) are machine-wide: the test's namespace makes them
+    // unique.
+    Container::run(dir, &format!("{}-{id}", cluster.namespace), &spec)
 }
 
 /// The admin address the controller logs at start-up.
