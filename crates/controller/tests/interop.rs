@@ -303,7 +303,6 @@ async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_del
     );
     assert!(waited >= LINKERD.lease_duration, "ours took {waited:?}");
     let mut intervals = contender_intervals(&linkerd, Some(exited));
-    intervals.extend(our_intervals(&ours_a, None));
 
     // Linkerd leads again (ours releases to it), then exits without a release; once no Linkerd
     // replica runs, the operator deletes the Lease; ours takes over at once.
@@ -314,6 +313,7 @@ async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_del
     let before = lease.len();
     ours_a.replica.terminate();
     assert!(ours_a.replica.wait_exit(CONVERGE).await.success());
+    intervals.extend(our_intervals(&ours_a, None));
     lease
         .wait_holder(&linkerd_b.identity, before, CONVERGE)
         .await;
@@ -339,10 +339,15 @@ async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_del
         "the exited contender still holds the Lease"
     );
     delete_lease(testbed, &ns).await;
-    let deleted = Timestamp::now();
     let taken = lease
         .wait_holder(&ours_b.replica.identity, before, CONVERGE)
         .await;
+    // From the deletion as the Lease's watch delivered it.
+    let deleted = lease.records()[before..]
+        .iter()
+        .find(|record| record.deleted)
+        .map(|record| record.seen)
+        .expect("the deletion seen");
     let after_delete = between(deleted, taken.seen);
     eprintln!("Lease deleted: ours took over {after_delete:?} later");
     assert!(
@@ -350,7 +355,15 @@ async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_del
         "ours took {after_delete:?} to recreate a deleted Lease"
     );
     intervals.extend(contender_intervals(&linkerd_b, Some(exited_b)));
-    intervals.extend(our_intervals(&ours_b, None));
+    // Its log says so a moment after the Lease does.
+    let led = eventually("ours-b to log its leading", CONVERGE, || async {
+        let led = our_intervals(&ours_b, None);
+        (!led.is_empty())
+            .then_some(led)
+            .ok_or("not yet".to_string())
+    })
+    .await;
+    intervals.extend(led);
     let gaps = assert_never_together(&intervals, &lease);
     eprintln!("gaps between leaders: {gaps:?}");
 }
