@@ -16,7 +16,9 @@
 //	exiting           after SIGTERM/SIGINT, once the elector has returned
 //
 // On SIGTERM or SIGINT it first stops the marker writer, then cancels the elector, which
-// releases the Lease (as Linkerd drains its queue before cancelling), then exits 0.
+// releases the Lease (ReleaseOnCancel, as Linkerd's controller configures it), then exits 0.
+// Linkerd's destination process itself exits on SIGTERM before that release is sent, leaving
+// the Lease to expire; -release-on-cancel=false reproduces that exit.
 package main
 
 import (
@@ -92,7 +94,7 @@ func main() {
 	flag.DurationVar(&o.retryPeriod, "retry-period", 2*time.Second, "RetryPeriod")
 	flag.StringVar(&o.markerConfigMap, "marker-configmap", "contender-marker", "ConfigMap the leader annotates")
 	flag.DurationVar(&o.markerInterval, "marker-interval", 250*time.Millisecond, "marker rewrite interval while leading")
-	flag.BoolVar(&o.releaseOnCancel, "release-on-cancel", true, "release the Lease on shutdown (Linkerd: true)")
+	flag.BoolVar(&o.releaseOnCancel, "release-on-cancel", true, "release the Lease on shutdown (Linkerd configures true, but its process exits before the release)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "contender: %v\n", err)

@@ -1,7 +1,7 @@
 //! Drop-in next to Linkerd: our replicas and a real client-go leader elector (the contender,
 //! `testbed/contender`, configured like Linkerd's destination service) on one Lease, against the
 //! real API server; Linkerd-format slices adopted with no churn; the migration of
-//! docs/operations.md end to end; the container image's runtime conditions.
+//! docs/operations.md end to end; the container image built and run as operators run it.
 //!
 //! "Never lead at the same moment" is judged from timestamps: each side logs when it starts and
 //! stops leading (see `interop/timeline.rs` for why comparing them needs no clock-skew
@@ -19,10 +19,14 @@ mod adoption;
 mod contender;
 #[path = "interop/image.rs"]
 mod image;
+#[path = "interop/image_files.rs"]
+mod image_files;
 #[path = "interop/linkerd.rs"]
 mod linkerd;
 #[path = "interop/migration.rs"]
 mod migration;
+#[path = "interop/oci.rs"]
+mod oci;
 #[path = "interop/timeline.rs"]
 mod timeline;
 
@@ -30,12 +34,13 @@ use std::time::Duration;
 
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::{ApiResource, DynamicObject},
 };
 
 use contender::{Contender, LEASE_NAME, LINKERD, Ours, SHORT, proxy};
 use harness::{CONVERGE, Cluster, eventually};
+use slices::testing;
 use timeline::{
     LeaseLog, Record, assert_markers_within, assert_never_together, between, contender_intervals,
     our_intervals,
@@ -251,6 +256,118 @@ async fn graceful_releases_hand_over_at_once_to_ours_and_at_the_next_poll_to_cli
     lease.assert_transitions_kept();
 }
 
+/// Linkerd's destination process exits on SIGTERM without releasing its Lease: ours, a
+/// follower, waits out Linkerd's 30 s as after a crash. The documented way to take over at once
+/// (docs/operations.md, migration): once no Linkerd replica runs, `kubectl delete lease`; ours
+/// recreates the Lease through its watch and leads.
+#[tokio::test(flavor = "multi_thread")]
+async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_deleted() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let Some(binary) = Contender::binary(testbed) else {
+        return;
+    };
+    let cluster = Cluster::new(testbed, "interop-no-release").await;
+    let ns = cluster.namespace.clone();
+    let lease = LeaseLog::start(&cluster).await;
+
+    // Waited out: Linkerd's 30 s after its last renewal.
+    let mut linkerd =
+        Contender::start_without_release(&binary, testbed, &ns, "linkerd-destination-a", LINKERD)
+            .await;
+    linkerd.wait_event("started leading", 1).await;
+    lease.wait_holder(&linkerd.identity, 0, CONVERGE).await;
+    let mut ours_a = Ours::start(testbed, &ns, "ours-a", SHORT, false).await;
+    ours_a.replica.wait_ready(CONVERGE).await;
+    let before = lease.len();
+    linkerd.terminate();
+    let (status, exited) = linkerd.wait_exit().await;
+    assert!(status.success(), "the contender exits 0 after SIGTERM");
+    let taken = lease
+        .wait_holder(&ours_a.replica.identity, before, Duration::from_secs(90))
+        .await;
+    let index = index_of(&lease, &taken);
+    assert!(
+        lease.records()[before..index]
+            .iter()
+            .all(|r| r.holder.is_some()),
+        "no release record: {:?}",
+        lease.holders()
+    );
+    let last = lease.last_of(&linkerd.identity, index);
+    let waited = between(last.renew_time.unwrap(), taken.acquire_time.unwrap());
+    let after_exit = between(exited, taken.seen);
+    eprintln!(
+        "client-go (30 s) exited without a release: ours took over {after_exit:?} after the exit, \
+         {waited:?} after its last renewal"
+    );
+    assert!(waited >= LINKERD.lease_duration, "ours took {waited:?}");
+    let mut intervals = contender_intervals(&linkerd, Some(exited));
+
+    // Linkerd leads again (ours releases to it), then exits without a release; once no Linkerd
+    // replica runs, the operator deletes the Lease; ours takes over at once.
+    let mut linkerd_b =
+        Contender::start_without_release(&binary, testbed, &ns, "linkerd-destination-b", LINKERD)
+            .await;
+    linkerd_b.wait_event("new leader", 1).await;
+    let before = lease.len();
+    ours_a.replica.terminate();
+    assert!(ours_a.replica.wait_exit(CONVERGE).await.success());
+    intervals.extend(our_intervals(&ours_a, None));
+    lease
+        .wait_holder(&linkerd_b.identity, before, CONVERGE)
+        .await;
+    linkerd_b.wait_event("started leading", 1).await;
+    // A follower of ours joins while Linkerd leads.
+    let ours_b = Ours::start(testbed, &ns, "ours-b", SHORT, false).await;
+    ours_b.replica.wait_ready(CONVERGE).await;
+    let before = lease.len();
+    linkerd_b.terminate();
+    let (status, exited_b) = linkerd_b.wait_exit().await;
+    assert!(status.success());
+    assert_eq!(
+        cluster
+            .leases()
+            .get(LEASE_NAME)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some(linkerd_b.identity.as_str()),
+        "the exited contender still holds the Lease"
+    );
+    delete_lease(testbed, &ns).await;
+    let taken = lease
+        .wait_holder(&ours_b.replica.identity, before, CONVERGE)
+        .await;
+    // From the deletion as the Lease's watch delivered it.
+    let deleted = lease.records()[before..]
+        .iter()
+        .find(|record| record.deleted)
+        .map(|record| record.seen)
+        .expect("the deletion seen");
+    let after_delete = between(deleted, taken.seen);
+    eprintln!("Lease deleted: ours took over {after_delete:?} later");
+    assert!(
+        after_delete <= SHORT.retry_period + SLACK,
+        "ours took {after_delete:?} to recreate a deleted Lease"
+    );
+    intervals.extend(contender_intervals(&linkerd_b, Some(exited_b)));
+    // Its log says so a moment after the Lease does.
+    let led = eventually("ours-b to log its leading", CONVERGE, || async {
+        let led = our_intervals(&ours_b, None);
+        (!led.is_empty())
+            .then_some(led)
+            .ok_or("not yet".to_string())
+    })
+    .await;
+    intervals.extend(led);
+    let gaps = assert_never_together(&intervals, &lease);
+    eprintln!("gaps between leaders: {gaps:?}");
+}
+
 /// Network cuts (through a TCP proxy in front of each side): the cut-off client-go leader stops
 /// within RetryPeriod + RenewDeadline and ours takes over only after the record's duration; then
 /// the cut-off leader of ours stops within RenewDeadline and client-go takes over after ours'
@@ -382,8 +499,55 @@ async fn migration_from_linkerd_and_back_keeps_every_slice_correct() {
     migration::run(testbed, &binary).await;
 }
 
+/// Linkerd's controller ignores Service events in `kube-system`; ours makes no exception: a
+/// Service there gets slices, and a change of the Service reaches them.
 #[tokio::test(flavor = "multi_thread")]
-async fn image_binary_runs_as_non_root_with_a_read_only_root_filesystem() {
+async fn services_in_kube_system_get_slices_like_any_other() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    // The only test of this binary in kube-system (each run has its own testbed).
+    let cluster = Cluster {
+        client: testbed.client().await.unwrap(),
+        namespace: "kube-system".into(),
+    };
+    let ours = Ours::start(
+        testbed,
+        &cluster.namespace,
+        "ours-kube-system",
+        SHORT,
+        false,
+    )
+    .await;
+    ours.replica.wait_leading(CONVERGE).await;
+    cluster.create_service(testing::web()).await;
+    cluster
+        .apply_workload(testing::vm("vm-1", "10.0.0.1"))
+        .await;
+    cluster.wait_converged().await;
+    assert_eq!(cluster.slices_of("web").await.len(), 1);
+    cluster
+        .update_service(testing::web().label("team", "platform"))
+        .await;
+    eventually("the Service's new label on its slice", CONVERGE, || async {
+        let slices = cluster.slices_of("web").await;
+        let labels: Vec<_> = slices
+            .iter()
+            .map(|s| s.labels().get("team").cloned())
+            .collect();
+        (labels == [Some("platform".to_string())])
+            .then_some(())
+            .ok_or_else(|| format!("{labels:?}"))
+    })
+    .await;
+}
+
+#[test]
+fn image_built_by_the_script_holds_what_the_dockerfile_copies_and_no_debug_info() {
+    image_files::check_files();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_runs_under_runc_as_65532_read_only_leads_drains_releases_and_hands_over() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     image::run(testbed).await;
@@ -424,6 +588,35 @@ fn index_of(lease: &LeaseLog, record: &Record) -> usize {
         .iter()
         .position(|r| r.seen == record.seen && r.holder == record.holder)
         .unwrap()
+}
+
+/// The operator's step: `kubectl delete lease` (the testbed's kubectl; the API when there is
+/// none).
+async fn delete_lease(testbed: &testbed::Testbed, namespace: &str) {
+    match &testbed.binaries().kubectl {
+        Some(kubectl) => {
+            let output = tokio::process::Command::new(kubectl)
+                .arg("--kubeconfig")
+                .arg(testbed.kubeconfig_path())
+                .args(["--namespace", namespace, "delete", "lease", LEASE_NAME])
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "kubectl delete lease: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        None => {
+            let client = testbed.client().await.unwrap();
+            let leases: Api<Lease> = Api::namespaced(client, namespace);
+            leases
+                .delete(LEASE_NAME, &Default::default())
+                .await
+                .unwrap();
+        }
+    }
 }
 
 /// Waits for a released record (no holder) after the first `after`.

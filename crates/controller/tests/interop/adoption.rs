@@ -30,13 +30,14 @@ const HOLD: &str = "external-endpoints.test/hold";
 pub const SAME: [&str; 5] = ["web", "dual", "headless", "multi", "big"];
 
 /// One Service per difference: what Linkerd wrote differs from ours.
-pub const DIFFERENT: [&str; 6] = [
+pub const DIFFERENT: [&str; 7] = [
     "numeric",
     "draining",
     "published",
     "relabelled",
     "unselected",
     "zoned",
+    "rezoned",
 ];
 
 /// Service `web` (labelled, one named port) with `web-1` (ready, zoned) and `web-2` (not ready).
@@ -316,6 +317,24 @@ pub async fn run(testbed: &'static testbed::Testbed) {
             .apply_workload(vm(name, "app", "zoned").ip(ip).zone(zone).ready())
             .await;
     }
+    // rezoned: the workload's zone label changed after Linkerd wrote the slice. A label-only
+    // change makes Linkerd re-check only the Services that start or stop selecting the
+    // workload, so its slice keeps the old zone; ours updates the endpoint's zone.
+    cluster
+        .create_service(
+            Svc::named("rezoned")
+                .selector("app", "rezone")
+                .port("http", 80, "http"),
+        )
+        .await;
+    cluster
+        .apply_workload(
+            vm("rezone-1", "app", "rezone")
+                .ip("10.12.0.1")
+                .zone("zone-a")
+                .ready(),
+        )
+        .await;
 
     let mut all: Vec<&str> = SAME.to_vec();
     all.extend(DIFFERENT);
@@ -337,6 +356,14 @@ pub async fn run(testbed: &'static testbed::Testbed) {
             Svc::named("unselected")
                 .no_selector()
                 .port("http", 80, "http"),
+        )
+        .await;
+    cluster
+        .apply_workload(
+            vm("rezone-1", "app", "rezone")
+                .ip("10.11.0.1")
+                .zone("zone-b")
+                .ready(),
         )
         .await;
     let before = slices_by_name(&cluster).await;
@@ -476,6 +503,28 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         expected,
         "zoned: only the hints added"
     );
+    let (was, now) = only("rezoned");
+    let now = now.expect("rezoned's slice updated in place");
+    let zones = |slice: &EndpointSlice| -> Vec<Option<String>> {
+        slice
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| e.zone.clone())
+            .collect()
+    };
+    assert_eq!(
+        zones(&was),
+        vec![Some("zone-a".to_string())],
+        "Linkerd's stale zone"
+    );
+    assert_eq!(
+        zones(&now),
+        vec![Some("zone-b".to_string())],
+        "rezoned: the zone follows"
+    );
+    assert_eq!(conditions(&now), conditions(&was));
+    assert_eq!(now.ports, was.ports);
 
     release_held(&cluster).await;
 }

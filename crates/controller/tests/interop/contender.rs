@@ -148,6 +148,33 @@ impl Contender {
         timings: Timings,
         proxy: Option<&Proxy>,
     ) -> Contender {
+        Contender::start_with(binary, testbed, namespace, identity, timings, proxy, &[]).await
+    }
+
+    /// [`Contender::start`] that exits on SIGTERM without releasing the Lease
+    /// (`-release-on-cancel=false`), as Linkerd's destination process does: it exits before its
+    /// elector's release is sent.
+    pub async fn start_without_release(
+        binary: &Path,
+        testbed: &testbed::Testbed,
+        namespace: &str,
+        identity: &str,
+        timings: Timings,
+    ) -> Contender {
+        let extra = ["-release-on-cancel=false"];
+        Contender::start_with(binary, testbed, namespace, identity, timings, None, &extra).await
+    }
+
+    /// [`Contender::start`] with `extra` flags.
+    async fn start_with(
+        binary: &Path,
+        testbed: &testbed::Testbed,
+        namespace: &str,
+        identity: &str,
+        timings: Timings,
+        proxy: Option<&Proxy>,
+        extra: &[&str],
+    ) -> Contender {
         let dir = tempfile::tempdir().unwrap();
         let events = dir.path().join(format!("{identity}.events"));
         let klog = dir.path().join(format!("{identity}.klog"));
@@ -162,6 +189,7 @@ impl Contender {
             .args(["-lease-namespace", namespace])
             .args(["-marker-configmap", MARKER_CONFIGMAP])
             .args(timings.contender_args())
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&events).unwrap())
             .stderr(std::fs::File::create(&klog).unwrap())
@@ -213,7 +241,7 @@ impl Contender {
         self.times("started leading").len() > self.times("stopped leading").len()
     }
 
-    /// SIGTERM: it stops writing, then releases the Lease, then exits.
+    /// SIGTERM: it stops writing, then releases the Lease (unless started without), then exits.
     pub fn terminate(&self) {
         signal(self.child.id(), "-TERM");
     }

@@ -1,101 +1,254 @@
-//! The container image's runtime conditions, checked without a container engine (none runs on
-//! the machines these tests were written on; `.ci/run` builds the image when one does).
+//! The container image, built by `scripts/image.sh` (no registry: the Dockerfile's final stage,
+//! built by buildah from files staged by `scripts/image-rootfs.sh`), checked two ways:
 //!
-//! The Dockerfile's stages are read and checked against what this test reproduces: the build
-//! stage's `cargo build --locked --release -p external-endpoints` (here: the same package's
-//! binary as cargo built it for the tests, a debug build, to keep CI's build cost down), the
-//! runtime stage's `USER 65532:65532` and entrypoint, and the Deployment's
-//! `readOnlyRootFilesystem`. The binary is copied as the image copies it, then run as uid/gid
-//! 65532 with no supplementary groups and `no_new_privs`, inside a private mount namespace whose
-//! root is remounted read-only (`unshare` + `setpriv`, as root). It must become ready, lead,
-//! write slices, and exit 0 on SIGTERM.
+//! - `image_files::check_files`: the image holds exactly what the Dockerfile's final stage copies from its
+//!   build stage, which is what `scripts/image-rootfs.sh` stages: the binary without debug info,
+//!   the libraries `ldd` names for it, `/etc/passwd`, `/etc/group`, the CA bundle; and its config
+//!   (user, entrypoint, port, labels) is the final stage's.
+//! - [`run`]: the image runs as operators run it: unpacked with umoci, run with runc as uid 65532
+//!   with a read-only root and no capabilities against the testbed, it syncs, leads, writes
+//!   slices and answers on its admin port; a second container follows, and on SIGTERM the first
+//!   drains, releases the Lease, exits 0, and the second takes over and writes.
+//!
+//! Without the image, runc or umoci (or root), both say so and pass, unless CI=true, where they
+//! fail: `.ci/run` installs the tools and builds the image first.
 
 use std::{
+    io::Write,
     net::SocketAddr,
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::Stdio,
 };
 
 use kube::config::Kubeconfig;
 use slices::testing;
-use tokio::process::Command;
 
-use super::contender::SHORT;
+use super::{
+    contender::SHORT,
+    oci::{self, CONFIG_MOUNT, Container, Image},
+};
 use harness::{CONVERGE, Cluster, eventually, http_get, sum_metric};
 
-const DOCKERFILE: &str = include_str!("../../../../Dockerfile");
-const DEPLOYMENT: &str = include_str!("../../../../deploy/deployment.yaml");
+pub const DOCKERFILE: &str = include_str!("../../../../Dockerfile");
+pub const DEPLOYMENT: &str = include_str!("../../../../deploy/deployment.yaml");
 
-/// The runtime user of the image.
-const UID: u32 = 65532;
+/// The path of the binary in the image.
+pub const BINARY_PATH: &str = "/usr/local/bin/external-endpoints";
 
+/// The image, or `None` after a notice when it (or the runtime) is missing outside CI.
+pub fn image_or_skip(needs_runtime: bool) -> Option<Image> {
+    let missing = match Image::find() {
+        None => Some(format!(
+            "no image in {} (run `bash scripts/image.sh`)",
+            Image::out_dir().display()
+        )),
+        Some(image) => match oci::missing_runtime().filter(|_| needs_runtime) {
+            None => return Some(image),
+            Some(reason) => Some(reason),
+        },
+    };
+    let reason = missing.unwrap_or_default();
+    assert!(!testbed::running_in_ci(), "image test under CI: {reason}");
+    // Straight to stderr: libtest captures eprintln!, and a skip must show in a passing run.
+    let _ = writeln!(std::io::stderr(), "image test skipped: {reason}");
+    None
+}
+
+// === the containers ===
+
+/// Two containers of the image on one Lease: the first leads and writes, the second follows;
+/// SIGTERM to the first: it drains, releases, exits 0, and the second leads and writes.
 pub async fn run(testbed: &'static testbed::Testbed) {
-    check_stages();
-    if !can_isolate() {
-        assert!(
-            !testbed::running_in_ci(),
-            "unshare/setpriv as root are needed for the image check"
-        );
-        eprintln!("image check skipped: needs root, unshare and setpriv");
+    let Some(image) = image_or_skip(true) else {
         return;
-    }
+    };
     let cluster = Cluster::new(testbed, "interop-image").await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    // COPY --from=build /external-endpoints /usr/local/bin/external-endpoints
-    let binary = dir.path().join("external-endpoints");
-    std::fs::copy(env!("CARGO_BIN_EXE_external-endpoints"), &binary).unwrap();
-    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let kubeconfig = readable_kubeconfig(testbed, dir.path());
-    let log = dir.path().join("controller.log");
+    oci::open_dir(dir.path());
+    let rootfs = image.unpack(&dir.path().join("image"));
+    let config_dir = dir.path().join("config");
+    std::fs::create_dir(&config_dir).unwrap();
+    oci::open_dir(&config_dir);
+    container_kubeconfig(testbed, &config_dir);
 
-    let timing_args = SHORT.our_args();
-    let script = "mount -o remount,bind,ro / && exec setpriv --reuid 65532 --regid 65532 \
-                  --clear-groups --no-new-privs -- \"$0\" \"$@\"";
-    let mut child = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", script])
-        .arg(&binary)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args([
-            "--identity",
-            "image",
-            "--watch-namespace",
-            &cluster.namespace,
-        ])
-        .args(["--lease-namespace", &cluster.namespace])
-        .args(["--admin-addr", "127.0.0.1:0", "--log-format", "json"])
-        .args(&timing_args)
-        .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let admin: SocketAddr = eventually("the admin address", CONVERGE, || async {
-        read_log()
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find_map(|entry| entry.get("admin")?.as_str()?.parse().ok())
-            .ok_or_else(|| format!("log so far:\n{}", read_log()))
+    let mut a = start(
+        &image,
+        &rootfs,
+        &config_dir,
+        dir.path(),
+        "image-a",
+        &cluster,
+    );
+    let admin_a = admin_address(&a).await;
+    check_isolation(&a);
+    let (status, body) = http_get(admin_a, "/live").await.unwrap();
+    assert_eq!(status, 200, "/live: {body}");
+    eventually("/ready (caches synced)", CONVERGE, || async {
+        match http_get(admin_a, "/ready").await? {
+            (200, _) => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        }
     })
     .await;
+    wait_leader(&a, admin_a, 1.0).await;
+    cluster.create_service(testing::web()).await;
+    cluster
+        .apply_workload(testing::vm("vm-1", "10.0.0.1"))
+        .await;
+    cluster.wait_converged().await;
+    assert_eq!(cluster.slices_of("web").await.len(), 1);
+    let (_, metrics) = http_get(admin_a, "/metrics").await.unwrap();
+    let creates = sum_metric(&metrics, "external_endpoints_slice_writes_total", "Create");
+    assert!(creates >= Some(1.0), "slice creates {creates:?}");
+    assert_eq!(holder(&cluster).await.as_deref(), Some("image-a"));
 
-    // The process really runs as 65532 with a read-only root.
-    let pid = child.id().unwrap();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    assert!(
-        uid_line
-            .split_whitespace()
-            .skip(1)
-            .all(|id| id == UID.to_string()),
-        "{uid_line}"
+    // A second container: ready, following.
+    let mut b = start(
+        &image,
+        &rootfs,
+        &config_dir,
+        dir.path(),
+        "image-b",
+        &cluster,
     );
+    let admin_b = admin_address(&b).await;
+    eventually("image-b ready", CONVERGE, || async {
+        match http_get(admin_b, "/ready").await? {
+            (200, _) => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        }
+    })
+    .await;
+    wait_leader(&b, admin_b, 0.0).await;
+
+    // SIGTERM to the leader's container: it drains, releases, exits 0; b takes over.
+    a.signal("TERM");
+    let exit = a.wait_exit(CONVERGE).await;
+    assert!(exit.success(), "image-a exited {exit:?}; log:\n{}", a.log());
+    let log = a.log();
+    assert!(log.contains("draining before releasing the lease"), "{log}");
+    assert!(log.contains("released the lease"), "{log}");
+    // Released, not left to expire: right after the exit the Lease no longer names image-a
+    // (it would for 9 s after its last renewal otherwise).
+    let after_exit = holder(&cluster).await;
+    assert_ne!(
+        after_exit.as_deref(),
+        Some("image-a"),
+        "the Lease was not released"
+    );
+    wait_leader(&b, admin_b, 1.0).await;
+    assert_eq!(holder(&cluster).await.as_deref(), Some("image-b"));
+    cluster
+        .apply_workload(testing::vm("vm-2", "10.0.0.2"))
+        .await;
+    cluster.wait_converged().await;
+    let endpoints = cluster.endpoints_of("web").await;
+    assert_eq!(endpoints.len(), 2, "{endpoints:?}");
+
+    b.signal("TERM");
+    let exit = b.wait_exit(CONVERGE).await;
+    assert!(exit.success(), "image-b exited {exit:?}; log:\n{}", b.log());
+    assert_eq!(holder(&cluster).await, None, "image-b released");
+}
+
+/// The Lease the Deployment's arguments name.
+const LEASE_NAME: &str = "external-endpoints-write";
+
+/// Its holder (None when released).
+async fn holder(cluster: &Cluster) -> Option<String> {
+    let lease = cluster.leases().get_opt(LEASE_NAME).await.unwrap()?;
+    lease
+        .spec?
+        .holder_identity
+        .filter(|holder| !holder.is_empty())
+}
+
+/// Starts a container of `image` named `id`, on the Lease of `cluster`'s namespace, with the
+/// Deployment's arguments (admin on 127.0.0.1:0 here: the host's network is shared) and its
+/// downward-API environment.
+fn start(
+    image: &Image,
+    rootfs: &Path,
+    config_dir: &Path,
+    dir: &Path,
+    id: &str,
+    cluster: &Cluster,
+) -> Container {
+    let mut args: Vec<String> = [
+        "--admin-addr=127.0.0.1:0",
+        "--drain-timeout=10s",
+        "--log-format=json",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    args.push(format!("--lease-name={LEASE_NAME}"));
+    args.push(format!("--kubeconfig={CONFIG_MOUNT}/kubeconfig"));
+    args.push(format!("--watch-namespace={}", cluster.namespace));
+    args.extend(SHORT.our_args());
+    let env = [
+        format!("POD_NAME={id}"),
+        format!("POD_NAMESPACE={}", cluster.namespace),
+    ];
+    let spec = image.runtime_spec(rootfs, id, config_dir, &args, &env);
+    // runc's container ids (and cgroups) are machine-wide: the test's namespace makes them
+    // unique.
+    Container::run(dir, &format!("{}-{id}", cluster.namespace), &spec)
+}
+
+/// The admin address the controller logs at start-up.
+async fn admin_address(container: &Container) -> SocketAddr {
+    eventually("the admin address", CONVERGE, || async {
+        let log = container.log();
+        log.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find_map(|entry| entry.get("admin")?.as_str()?.parse().ok())
+            .ok_or_else(|| format!("log so far:\n{log}"))
+    })
+    .await
+}
+
+async fn wait_leader(container: &Container, admin: SocketAddr, value: f64) {
+    eventually(
+        &format!("{} leader = {value}", container.id),
+        CONVERGE,
+        || async {
+            let (_, body) = http_get(admin, "/metrics").await?;
+            match sum_metric(&body, "external_endpoints_leader", "") {
+                Some(found) if found == value => Ok(()),
+                other => Err(format!("leader {other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// The controller runs as 65532 with no capabilities, no new privileges and a read-only root.
+fn check_isolation(container: &Container) {
+    let (status, pid) = container.state().unwrap();
+    assert_eq!(status, "running");
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        proc_status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        field("Uid:").iter().all(|id| id == "65532"),
+        "{:?}",
+        field("Uid:")
+    );
+    assert!(
+        field("Gid:").iter().all(|id| id == "65532"),
+        "{:?}",
+        field("Gid:")
+    );
+    assert!(field("Groups:").is_empty());
+    assert_eq!(field("CapEff:"), ["0000000000000000"]);
+    assert_eq!(field("CapBnd:"), ["0000000000000000"]);
+    assert_eq!(field("NoNewPrivs:"), ["1"]);
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let root = mounts
         .lines()
@@ -106,93 +259,25 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         options.split(',').any(|o| o == "ro"),
         "root mounted {options}"
     );
-
-    eventually("leading", CONVERGE, || async {
-        let (_, body) = http_get(admin, "/metrics").await?;
-        match sum_metric(&body, "external_endpoints_leader", "") {
-            Some(1.0) => Ok(()),
-            other => Err(format!("leader {other:?}; log:\n{}", read_log())),
-        }
-    })
-    .await;
-    cluster.create_service(testing::web()).await;
-    cluster
-        .apply_workload(testing::vm("vm-1", "10.0.0.1"))
-        .await;
-    cluster.wait_converged().await;
-    assert_eq!(cluster.slices_of("web").await.len(), 1);
-
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let exit = tokio::time::timeout(CONVERGE, child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(exit.success(), "exit {exit:?}; log:\n{}", read_log());
-    assert!(read_log().contains("released the lease"));
+    // Its own pid namespace (it is pid 1 there), the host's network namespace.
+    let namespace =
+        |pid: &str, kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap();
+    let pid = pid.to_string();
+    assert_ne!(namespace(&pid, "pid"), namespace("self", "pid"));
+    assert_eq!(namespace(&pid, "net"), namespace("self", "net"));
 }
 
-/// The Dockerfile builds the package's release binary and runs it as 65532; the Deployment
-/// asks for a read-only root.
-fn check_stages() {
-    let lines: Vec<&str> = DOCKERFILE.lines().map(str::trim).collect();
-    assert!(
-        DOCKERFILE.contains("cargo build --locked --release -p external-endpoints"),
-        "the build stage builds the external-endpoints package"
-    );
-    assert!(
-        lines.contains(&"USER 65532:65532"),
-        "the runtime stage's user"
-    );
-    assert!(
-        lines.contains(&r#"ENTRYPOINT ["/usr/local/bin/external-endpoints"]"#),
-        "the entrypoint"
-    );
-    assert!(lines.contains(&"EXPOSE 9990"), "the admin port");
-    for wanted in [
-        "readOnlyRootFilesystem: true",
-        "runAsUser: 65532",
-        "runAsNonRoot: true",
-    ] {
-        assert!(
-            DEPLOYMENT.contains(wanted),
-            "deploy/deployment.yaml: {wanted}"
-        );
-    }
-}
-
-/// Whether this process may build the namespace (root, with unshare and setpriv).
-fn can_isolate() -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(1) == Some("0"));
-    let found = |tool: &str| {
-        std::process::Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-    };
-    root && found("unshare") && found("setpriv")
-}
-
-/// A copy of the testbed's kubeconfig, and of the PEM files it names, readable by 65532.
-fn readable_kubeconfig(testbed: &testbed::Testbed, dir: &Path) -> PathBuf {
+/// The testbed's kubeconfig and the PEM files it names, copied into `dir` (readable by 65532),
+/// with the paths the container sees under [`CONFIG_MOUNT`].
+fn container_kubeconfig(testbed: &testbed::Testbed, dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
     let mut kubeconfig = Kubeconfig::read_from(testbed.kubeconfig_path()).unwrap();
     let copy = |path: &mut Option<String>, name: &str| {
         if let Some(original) = path.as_ref() {
-            let target = dir.join(name);
+            let target: PathBuf = dir.join(name);
             std::fs::copy(original, &target).unwrap();
             std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
-            *path = Some(target.display().to_string());
+            *path = Some(format!("{CONFIG_MOUNT}/{name}"));
         }
     };
     for cluster in &mut kubeconfig.clusters {
@@ -211,5 +296,4 @@ fn readable_kubeconfig(testbed: &testbed::Testbed, dir: &Path) -> PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(&path, serde_json::to_vec(&kubeconfig).unwrap()).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    path
 }

@@ -4,8 +4,10 @@
 //! 1. Linkerd's state: its controller holds the shared Lease; its slices are in place.
 //! 2. Our replicas join on the shared Lease: ready followers, writing nothing, even while objects
 //!    change.
-//! 3. Linkerd's destination pod is rolled (SIGTERM: it releases): ours take over at once, and
-//!    rewrite only what changed meanwhile. A new destination pod competes but stays a follower.
+//! 3. Linkerd's destination pod stops (SIGTERM: it exits without releasing, as Linkerd's
+//!    process does); with no Linkerd replica running, the operator deletes the Lease: ours take
+//!    over at once, and rewrite only what changed meanwhile. A new destination pod competes but
+//!    stays a follower.
 //! 4. Linkerd's controller is turned off for good; ours keep every slice correct, across a crash
 //!    of their leader too.
 //! 5. Optional move to a Lease of our own: scale to 0, change `--lease-name`, scale up; nothing is
@@ -36,8 +38,9 @@ pub async fn run(testbed: &'static testbed::Testbed, binary: &Path) {
     let lease = LeaseLog::start(&cluster).await;
 
     // 1. Linkerd's state.
-    let linkerd_0 =
-        Contender::start(binary, testbed, &ns, "linkerd-destination-0", SHORT, None).await;
+    let mut linkerd_0 =
+        Contender::start_without_release(binary, testbed, &ns, "linkerd-destination-0", SHORT)
+            .await;
     linkerd_0.wait_event("started leading", 1).await;
     create_web(&cluster).await;
     cluster
@@ -76,9 +79,12 @@ pub async fn run(testbed: &'static testbed::Testbed, binary: &Path) {
         "a slice changed"
     );
 
-    // 3. Linkerd's destination pod is rolled: ours take over at once.
+    // 3. Linkerd's destination pod stops without releasing; the Lease is deleted; ours take
+    // over at once.
     let before = lease.len();
     linkerd_0.terminate();
+    assert!(linkerd_0.wait_exit().await.0.success());
+    crate::delete_lease(testbed, &ns).await;
     let (index, _) = eventually("ours to lead", CONVERGE, || async {
         for (index, ours) in [&a, &b].iter().enumerate() {
             if ours.replica.is_leader().await {
@@ -111,8 +117,6 @@ pub async fn run(testbed: &'static testbed::Testbed, binary: &Path) {
         }
     })
     .await;
-    let mut linkerd_0 = linkerd_0;
-    assert!(linkerd_0.wait_exit().await.0.success());
     // A new destination pod competes, and follows.
     let linkerd_1 =
         Contender::start(binary, testbed, &ns, "linkerd-destination-1", SHORT, None).await;
