@@ -361,13 +361,13 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     cluster
         .apply_workload(
             vm("rezone-1", "app", "rezone")
-                .ip("10.11.0.1")
+                .ip("10.12.0.1")
                 .zone("zone-b")
                 .ready(),
         )
         .await;
     let before = slices_by_name(&cluster).await;
-    assert_eq!(before.len(), 13, "Linkerd's slices: {:?}", before.keys());
+    assert_eq!(before.len(), 14, "Linkerd's slices: {:?}", before.keys());
 
     let ours = Ours::start(testbed, &cluster.namespace, "ours-adopt", SHORT, false).await;
     ours.replica.wait_leading(CONVERGE).await;
@@ -422,7 +422,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(writes("Create").await, 0.0, "no slice created");
     assert_eq!(
         writes("Update").await,
-        5.0,
+        6.0,
         "one update per differing Service"
     );
     assert_eq!(
