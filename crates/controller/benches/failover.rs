@@ -193,7 +193,13 @@ async fn handover(
             // Let the follower settle (caches synced, watching the Lease) and, for a crash, the
             // leader renew at a random phase.
             tokio::time::sleep(Duration::from_millis(1500 + 317 * round as u64)).await;
-            let ip = format!("10.1.{}.{}", u8::from(crash), round + 1);
+            // An address no earlier round (nor the churn, 10.2.*) used.
+            let ip = format!(
+                "10.{}.{}.{}",
+                1 + 2 * u8::from(churn),
+                u8::from(crash),
+                round + 1
+            );
             let signalled = SystemTime::now();
             if crash {
                 leader.kill();
