@@ -97,6 +97,8 @@ pub struct Source<K: Resource> {
     pending: VecDeque<Event<K>>,
     stalls_in_a_row: u32,
     backoff: Backoff,
+    /// The last stream ended on an error status: wait the backoff before the next start.
+    back_off: bool,
 }
 
 struct Open<K> {
@@ -150,6 +152,7 @@ where
             pending: VecDeque::new(),
             stalls_in_a_row: 0,
             backoff: Backoff::new(),
+            back_off: false,
         }
     }
 
@@ -185,6 +188,9 @@ where
     async fn step(&mut self) -> Option<Event<K>> {
         let bound = self.health.stall_bound();
         if self.paging.is_some() || self.stream.is_none() {
+            if std::mem::take(&mut self.back_off) {
+                tokio::time::sleep(self.backoff.next()).await;
+            }
             let started = if self.paging.is_some() {
                 tokio::time::timeout(bound, self.next_page()).await
             } else {
@@ -383,7 +389,9 @@ where
             self.resume_from = None;
         } else {
             self.counters.errors.inc();
-            tracing::warn!(code = status.code, message = %status.message, "watch error; resuming");
+            // An API server that keeps answering with an error (etcd down) is not hammered.
+            self.back_off = true;
+            tracing::warn!(code = status.code, message = %status.message, "watch error; resuming after a backoff");
         }
         if listing || self.resume_from.is_none() {
             self.pending.clear();
