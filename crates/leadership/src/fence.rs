@@ -26,7 +26,8 @@ pub struct Fence {
     metrics: FenceMetrics,
 }
 
-/// Counts of writes the fences refused; shared by all fences made from one runtime.
+/// Counts of writes the fences refused; shared by all fences made from one runtime
+/// ([`Runtime::fence_metrics`](crate::Runtime::fence_metrics)).
 #[derive(Clone, Debug, Default)]
 pub struct FenceMetrics {
     fenced: Arc<AtomicU64>,
@@ -56,7 +57,7 @@ pub enum Fenced {
 impl Fence {
     /// A fence for `term`, valid while `leadership` names that term and the last renewal plus
     /// RenewDeadline minus `margin` is in the future.
-    pub fn new(
+    pub(crate) fn new(
         term: Term,
         leadership: Leadership,
         margin: Duration,

@@ -90,24 +90,27 @@
 //! # }
 //! ```
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod elector;
-pub mod fence;
-pub mod gate;
-pub mod queue;
-pub mod runtime;
-pub mod store;
-pub mod term;
+mod elector;
+mod fence;
+mod gate;
+mod queue;
+mod runtime;
+mod store;
+mod term;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testing;
 
 pub use self::{
-    elector::{
-        ConfigError, ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseElector,
-        LeaseTimings,
-    },
+    elector::{ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseConfigError, LeaseElector, LeaseTimings},
     fence::{Fence, FenceMetrics, Fenced},
-    gate::{Gate, TermContext},
-    queue::{QueueConfig, QueueKey, TermQueue, WorkItem, WorkQueue},
-    runtime::{Action, Reconciler, Runtime, RuntimeConfig, RuntimeError},
-    store::{KubeLeaseStore, LeaseStore, MemoryLeaseStore, StoreError},
-    term::{Leadership, LeadershipSender, Term, fixed_leadership},
+    gate::{Dispatcher, TermContext},
+    queue::{QueueKey, QueueMetrics},
+    runtime::{
+        Action, Reconciler, Runtime, RuntimeConfig, RuntimeConfigBuilder, RuntimeConfigError,
+        RuntimeError,
+    },
+    term::{Leadership, Term},
 };

@@ -20,6 +20,8 @@ use tokio::{sync::watch, time::Instant};
 pub type Leadership = watch::Receiver<Option<Term>>;
 
 /// The sending side of [`Leadership`], owned by whatever decides leadership (the elector).
+///
+/// Public only through `testing` (feature `test-util`), where tests drive terms by hand.
 pub type LeadershipSender = watch::Sender<Option<Term>>;
 
 /// Term ids are unique and increasing within the process, whichever elector created them.
@@ -47,7 +49,7 @@ struct Renewal {
 impl Term {
     /// Starts a new term backed by a lease that was (re)newed at `renewed_at` and stays safely held
     /// for `renew_deadline` after each successful renewal.
-    pub fn new(renewed_at: Instant, renew_deadline: Duration) -> Self {
+    pub(crate) fn new(renewed_at: Instant, renew_deadline: Duration) -> Self {
         Self {
             id: NEXT_TERM_ID.fetch_add(1, Ordering::Relaxed),
             acquired_at: renewed_at,
@@ -60,7 +62,8 @@ impl Term {
 
     /// A term that never expires, for tests and for running without an API server (like Linkerd's
     /// claim with expiry MAX). It still ends when its [`Leadership`] stops naming it.
-    pub fn unbounded() -> Self {
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn unbounded() -> Self {
         let now = Instant::now();
         Self {
             id: NEXT_TERM_ID.fetch_add(1, Ordering::Relaxed),
@@ -89,7 +92,7 @@ impl Term {
     }
 
     /// Records a successful renewal that was sent at `at`. Renewal times never go backwards.
-    pub fn record_renewal(&self, at: Instant) {
+    pub(crate) fn record_renewal(&self, at: Instant) {
         let mut last = self.renewal.last_renewed_at.lock();
         if at > *last {
             *last = at;
@@ -98,7 +101,7 @@ impl Term {
 
     /// Until when the lease is safely held, keeping `margin` in reserve: last renewal +
     /// RenewDeadline − margin. `None` for an unbounded term.
-    pub fn safely_held_until(&self, margin: Duration) -> Option<Instant> {
+    pub(crate) fn safely_held_until(&self, margin: Duration) -> Option<Instant> {
         let deadline = self.renewal.renew_deadline?;
         let until = self.last_renewed_at() + deadline;
         Some(until.checked_sub(margin).unwrap_or(self.acquired_at))
@@ -127,11 +130,6 @@ impl fmt::Display for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.id)
     }
-}
-
-/// A leadership value holding `term` forever: for tests and for running without an election.
-pub fn fixed_leadership(term: Term) -> (LeadershipSender, Leadership) {
-    watch::channel(Some(term))
 }
 
 #[cfg(test)]

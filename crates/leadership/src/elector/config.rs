@@ -29,7 +29,7 @@ pub struct LeaseConfig {
 
 /// Why a [`LeaseTimings`] or [`LeaseConfig`] cannot be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
+pub enum LeaseConfigError {
     /// The identity is empty. Not retryable: fix the configuration.
     #[error("lease identity must not be empty")]
     EmptyIdentity,
@@ -76,24 +76,24 @@ impl LeaseTimings {
         lease_duration: Duration,
         renew_deadline: Duration,
         retry_period: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, LeaseConfigError> {
         if retry_period.is_zero() {
-            return Err(ConfigError::ZeroRetryPeriod);
+            return Err(LeaseConfigError::ZeroRetryPeriod);
         }
         if lease_duration <= renew_deadline {
-            return Err(ConfigError::LeaseDurationTooShort {
+            return Err(LeaseConfigError::LeaseDurationTooShort {
                 lease_duration,
                 renew_deadline,
             });
         }
         if renew_deadline <= retry_period.mul_f64(1.2) {
-            return Err(ConfigError::RenewDeadlineTooShort {
+            return Err(LeaseConfigError::RenewDeadlineTooShort {
                 renew_deadline,
                 retry_period,
             });
         }
         let lease_duration_seconds = i32::try_from(lease_duration.as_millis().div_ceil(1000))
-            .map_err(|_| ConfigError::LeaseDurationOutOfRange(lease_duration))?;
+            .map_err(|_| LeaseConfigError::LeaseDurationOutOfRange(lease_duration))?;
         Ok(Self {
             lease_duration,
             renew_deadline,
@@ -144,13 +144,13 @@ impl LeaseConfig {
         namespace: impl Into<String>,
         identity: impl Into<String>,
         timings: LeaseTimings,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, LeaseConfigError> {
         let (name, namespace, identity) = (name.into(), namespace.into(), identity.into());
         if identity.is_empty() {
-            return Err(ConfigError::EmptyIdentity);
+            return Err(LeaseConfigError::EmptyIdentity);
         }
         if name.is_empty() || namespace.is_empty() {
-            return Err(ConfigError::EmptyName);
+            return Err(LeaseConfigError::EmptyName);
         }
         Ok(Self {
             name,
@@ -232,15 +232,15 @@ mod tests {
         let timings = LeaseTimings::default();
         assert_eq!(
             LeaseConfig::new("lease", "ns", "", timings),
-            Err(ConfigError::EmptyIdentity)
+            Err(LeaseConfigError::EmptyIdentity)
         );
         assert_eq!(
             LeaseConfig::new("", "ns", "me", timings),
-            Err(ConfigError::EmptyName)
+            Err(LeaseConfigError::EmptyName)
         );
         assert_eq!(
             LeaseConfig::new("lease", "", "me", timings),
-            Err(ConfigError::EmptyName)
+            Err(LeaseConfigError::EmptyName)
         );
         assert!(LeaseConfig::new("lease", "ns", "me", timings).is_ok());
     }

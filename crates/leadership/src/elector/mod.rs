@@ -25,18 +25,18 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{ConfigError, LeaseConfig, LeaseTimings};
+pub use self::config::{LeaseConfigError, LeaseConfig, LeaseTimings};
 use crate::{
     store::{KubeLeaseStore, LeaseStore},
-    term::{Leadership, LeadershipSender, Term},
+    term::{Leadership, LeadershipSender},
 };
 
 /// A candidate for one Lease, not yet running. Its leadership value and metrics exist from the
 /// start, so a metrics layer can hold them before the elector is spawned.
-#[derive(Debug)]
-pub struct LeaseElector<S> {
+#[must_use = "an elector competes for nothing until it is spawned"]
+pub struct LeaseElector {
     config: LeaseConfig,
-    store: S,
+    store: Box<dyn LeaseStore>,
     sender: LeadershipSender,
     leadership: Leadership,
     metrics: ElectorMetrics,
@@ -44,9 +44,15 @@ pub struct LeaseElector<S> {
 
 /// The running elector: its leadership value, its metrics, and the means to stop it.
 ///
+/// Give it to [`Runtime::run`](crate::Runtime::run), which returns
+/// [`RuntimeError::ElectorLost`](crate::RuntimeError::ElectorLost) if the elector task ever ends
+/// on its own; an app that uses the handle without a runtime must await
+/// [`lost`](ElectorHandle::lost) alongside its work and stop when it completes.
+///
 /// Dropping the handle without [`release`](ElectorHandle::release) stops the elector without
 /// releasing the lease (it then expires after LeaseDuration).
 #[derive(Debug)]
+#[must_use = "dropping the handle stops the elector; hand it to `Runtime::run` or watch `lost()`"]
 pub struct ElectorHandle {
     leadership: Leadership,
     stop: CancellationToken,
@@ -81,21 +87,19 @@ pub enum ElectorError {
 
 // === impl LeaseElector ===
 
-impl LeaseElector<KubeLeaseStore> {
+impl LeaseElector {
     /// A candidate for the Lease named in `config`, through the API server behind `client`.
     pub fn for_client(client: Client, config: LeaseConfig) -> Self {
         let store = KubeLeaseStore::new(client, config.namespace(), config.name());
         Self::new(config, store)
     }
-}
 
-impl<S: LeaseStore> LeaseElector<S> {
     /// A candidate for the Lease behind `store` (`config` was validated when it was built).
-    pub fn new(config: LeaseConfig, store: S) -> Self {
+    pub(crate) fn new(config: LeaseConfig, store: impl LeaseStore) -> Self {
         let (sender, leadership) = watch::channel(None);
         Self {
             config,
-            store,
+            store: Box::new(store),
             sender,
             leadership,
             metrics: ElectorMetrics::default(),
@@ -137,32 +141,22 @@ impl<S: LeaseStore> LeaseElector<S> {
     }
 }
 
+impl std::fmt::Debug for LeaseElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseElector")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 // === impl ElectorHandle ===
 
 impl ElectorHandle {
-    /// A handle that leads `term` until released, with no election: for tests and for running a
-    /// single replica without an API server.
-    pub fn fixed(term: Term) -> Self {
-        let (sender, leadership) = watch::channel(Some(term));
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            stopped.cancelled().await;
-            sender.send_replace(None);
-            Ok(())
-        });
-        Self {
-            leadership,
-            stop,
-            task: Some(task),
-            metrics: ElectorMetrics::default(),
-        }
-    }
-
     /// A handle on leadership decided elsewhere (another election mechanism, or a test driving
     /// terms by hand through the matching [`LeadershipSender`]).
     /// Releasing it only stops the handle; the sender's owner publishes `None`.
-    pub fn external(leadership: Leadership) -> Self {
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn external(leadership: Leadership) -> Self {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let task = tokio::spawn(async move {
@@ -189,6 +183,7 @@ impl ElectorHandle {
 
     /// Completes only if the elector task ends without having been asked to (it never should):
     /// the caller must then stop, visibly. Cancel-safe; pending forever once the task is gone.
+    #[must_use = "a lost elector must stop the process: leading without an election is unsafe"]
     pub async fn lost(&mut self) -> ElectorError {
         let Some(task) = self.task.as_mut() else {
             return std::future::pending().await;

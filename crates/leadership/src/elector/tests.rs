@@ -11,7 +11,7 @@ use k8s_openapi::{
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use super::*;
-use crate::store::MemoryLeaseStore;
+use crate::{store::MemoryLeaseStore, term::Term};
 
 const RETRY: Duration = Duration::from_secs(2);
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);

@@ -34,13 +34,18 @@ use crate::{
 };
 
 /// Builds the fresh per-term state when a term starts.
-pub type StateFactory<S> = Arc<dyn Fn(&Term) -> S + Send + Sync>;
+pub(crate) type StateFactory<S> = Arc<dyn Fn(&Term) -> S + Send + Sync>;
 
 /// Passes every cached object through the handlers when a term starts (and on resync).
-pub type Replay<K, S> = Arc<dyn Fn(&TermContext<K, S>) + Send + Sync>;
+pub(crate) type Replay<K, S> = Arc<dyn Fn(&TermContext<K, S>) + Send + Sync>;
 
-/// Everything work of one term needs: the term, its fence, its state and its queue. Cheap to
-/// clone.
+/// Everything work of one term needs: the term, its fence, its fresh state, and a way to queue
+/// keys for it. Cheap to clone.
+///
+/// Handlers get it through [`Dispatcher::dispatch`] (only while leading), the reconciler in
+/// [`Reconciler::replay`](crate::Reconciler::replay) and
+/// [`Reconciler::reconcile`](crate::Reconciler::reconcile). Keys queued through a context of a
+/// term that is over are ignored.
 pub struct TermContext<K, S> {
     term: Term,
     fence: Fence,
@@ -48,8 +53,16 @@ pub struct TermContext<K, S> {
     queue: TermQueue<K>,
 }
 
+/// The handle an app's event handlers (watch streams) run through: the closure given to
+/// [`dispatch`](Self::dispatch) runs only while this replica leads, with the current term's
+/// context, so a handler can queue keys for the current term and nothing else. It cannot start,
+/// stop or resync terms. Cheap to clone; made by [`Runtime::dispatcher`](crate::Runtime::dispatcher).
+pub struct Dispatcher<K, S> {
+    gate: Gate<K, S>,
+}
+
 /// Handler registration gated on leadership. Cheap to clone.
-pub struct Gate<K, S> {
+pub(crate) struct Gate<K, S> {
     inner: Arc<Inner<K, S>>,
 }
 
@@ -86,12 +99,8 @@ impl<K: QueueKey, S> TermContext<K, S> {
         &self.state
     }
 
-    /// The queue, scoped to this term.
-    pub fn queue(&self) -> &TermQueue<K> {
-        &self.queue
-    }
-
-    /// Queues `key` for this term (shorthand for `queue().add(key)`).
+    /// Queues `key` for this term; `false` if the term is over (or shutting down) and the key
+    /// was ignored. A key already queued is not queued twice.
     pub fn enqueue(&self, key: K) -> bool {
         self.queue.add(key)
     }
@@ -113,6 +122,37 @@ impl<K, S> std::fmt::Debug for TermContext<K, S> {
         f.debug_struct("TermContext")
             .field("term", &self.term)
             .finish_non_exhaustive()
+    }
+}
+
+// === impl Dispatcher ===
+
+impl<K: QueueKey, S: Send + Sync + 'static> Dispatcher<K, S> {
+    pub(crate) fn new(gate: Gate<K, S>) -> Self {
+        Self { gate }
+    }
+
+    /// Runs `handler` with the current term's context while this replica leads and returns its
+    /// result; returns `None`, running nothing, on a follower, while a term is being prepared,
+    /// or after shutdown began. Handlers run under the runtime's registration lock (so a term
+    /// never starts or ends halfway through one): keep them short and synchronous, and never
+    /// call `dispatch` from inside one.
+    pub fn dispatch<R>(&self, handler: impl FnOnce(&TermContext<K, S>) -> R) -> Option<R> {
+        self.gate.dispatch(handler)
+    }
+}
+
+impl<K, S> Clone for Dispatcher<K, S> {
+    fn clone(&self) -> Self {
+        Self {
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+impl<K, S> std::fmt::Debug for Dispatcher<K, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
     }
 }
 
@@ -225,6 +265,7 @@ impl<K: QueueKey, S: Send + Sync + 'static> Gate<K, S> {
     }
 
     /// The id of the registered term, if any.
+    #[cfg(test)]
     pub fn registered_term(&self) -> Option<u64> {
         let registration = self.inner.registration.read();
         registration.active.as_ref().map(|active| active.term.id())

@@ -34,41 +34,61 @@ use tokio::{
 
 use self::rate::{Backoff, TokenBucket};
 
-/// What a queue key must be.
+/// What a queue key must be: any cloneable, hashable, debuggable, thread-safe value (a
+/// `namespace/name` string, a struct of both, ...). Implemented for every such type.
 pub trait QueueKey: Clone + Eq + Hash + Debug + Send + Sync + 'static {}
 
 impl<K: Clone + Eq + Hash + Debug + Send + Sync + 'static> QueueKey for K {}
 
 /// Queue settings.
 #[derive(Clone, Debug, PartialEq)]
-pub struct QueueConfig {
+pub(crate) struct QueueConfig {
     /// First retry delay after a failure (doubles per consecutive failure).
-    pub base_delay: Duration,
+    pub(crate) base_delay: Duration,
     /// Longest retry delay; a key failing forever retries at this period.
-    pub max_delay: Duration,
+    pub(crate) max_delay: Duration,
     /// Retries allowed per second across all keys (token bucket refill rate).
-    pub retry_qps: f64,
+    pub(crate) retry_qps: f64,
     /// Retries allowed in a burst across all keys (token bucket size).
-    pub retry_burst: u32,
+    pub(crate) retry_burst: u32,
 }
 
 /// A work queue shared by the event handlers (producers) and the workers. Cheap to clone.
-pub struct WorkQueue<K> {
+pub(crate) struct WorkQueue<K> {
     inner: Arc<Inner<K>>,
 }
 
 /// A key handed to a worker; give it back with [`WorkQueue::done`].
 #[derive(Debug)]
 #[must_use = "a work item must be given back with `WorkQueue::done`"]
-pub struct WorkItem<K> {
+pub(crate) struct WorkItem<K> {
     key: K,
     term: u64,
 }
 
 /// The queue as seen by one term: adds through it are ignored once the term is over.
-pub struct TermQueue<K> {
+pub(crate) struct TermQueue<K> {
     queue: WorkQueue<K>,
     term: u64,
+}
+
+/// A read-only view of the runtime's work queue, for a metrics layer
+/// ([`Runtime::queue_metrics`](crate::Runtime::queue_metrics)). Cheap to clone; it can read the
+/// queue but neither add nor take keys.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    queue: Arc<dyn Readout>,
+}
+
+/// What [`QueueMetrics`] reads, without the key type.
+trait Readout: Send + Sync {
+    fn depth(&self) -> usize;
+    fn waiting(&self) -> usize;
+    fn in_flight(&self) -> usize;
+    fn adds(&self) -> u64;
+    fn retries(&self) -> u64;
+    fn capped_retries(&self) -> u64;
+    fn dropped(&self) -> u64;
 }
 
 struct Inner<K> {
@@ -330,6 +350,7 @@ impl<K: QueueKey> WorkQueue<K> {
     }
 
     /// Consecutive failures recorded for `key`.
+    #[cfg(test)]
     pub fn failures(&self, key: &K) -> u32 {
         self.inner
             .state
@@ -366,6 +387,92 @@ impl<K> Clone for WorkQueue<K> {
 impl<K> std::fmt::Debug for WorkQueue<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkQueue").finish_non_exhaustive()
+    }
+}
+
+impl<K: QueueKey> Readout for WorkQueue<K> {
+    fn depth(&self) -> usize {
+        WorkQueue::depth(self)
+    }
+
+    fn waiting(&self) -> usize {
+        WorkQueue::waiting(self)
+    }
+
+    fn in_flight(&self) -> usize {
+        WorkQueue::in_flight(self)
+    }
+
+    fn adds(&self) -> u64 {
+        WorkQueue::adds(self)
+    }
+
+    fn retries(&self) -> u64 {
+        WorkQueue::retries(self)
+    }
+
+    fn capped_retries(&self) -> u64 {
+        WorkQueue::capped_retries(self)
+    }
+
+    fn dropped(&self) -> u64 {
+        WorkQueue::dropped(self)
+    }
+}
+
+// === impl QueueMetrics ===
+
+impl QueueMetrics {
+    pub(crate) fn of<K: QueueKey>(queue: WorkQueue<K>) -> Self {
+        Self {
+            queue: Arc::new(queue),
+        }
+    }
+
+    /// Keys queued and ready to process.
+    pub fn depth(&self) -> usize {
+        self.queue.depth()
+    }
+
+    /// Keys waiting for a delayed add ([`Action::RequeueAfter`](crate::Action::RequeueAfter))
+    /// or a retry after a failure.
+    pub fn waiting(&self) -> usize {
+        self.queue.waiting()
+    }
+
+    /// Keys being reconciled now.
+    pub fn in_flight(&self) -> usize {
+        self.queue.in_flight()
+    }
+
+    /// Accepted adds so far (immediate, delayed and retries).
+    pub fn adds(&self) -> u64 {
+        self.queue.adds()
+    }
+
+    /// Retries after failures so far.
+    pub fn retries(&self) -> u64 {
+        self.queue.retries()
+    }
+
+    /// Retries scheduled at the maximum delay (keys failing again and again; never dropped).
+    pub fn capped_retries(&self) -> u64 {
+        self.queue.capped_retries()
+    }
+
+    /// Keys dropped because their term ended (the next term replays everything).
+    pub fn dropped(&self) -> u64 {
+        self.queue.dropped()
+    }
+}
+
+impl std::fmt::Debug for QueueMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueMetrics")
+            .field("depth", &self.depth())
+            .field("waiting", &self.waiting())
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
     }
 }
 
@@ -425,26 +532,6 @@ impl<K: QueueKey> TermQueue<K> {
     /// Queues `key` now (ignored once the term is over).
     pub fn add(&self, key: K) -> bool {
         self.queue.add(self.term, key)
-    }
-
-    /// Queues `key` after `delay` (ignored once the term is over).
-    pub fn add_after(&self, key: K, delay: Duration) -> bool {
-        self.queue.add_after(self.term, key, delay)
-    }
-
-    /// Queues `key` again after its backoff (ignored once the term is over).
-    pub fn add_rate_limited(&self, key: K) -> bool {
-        self.queue.add_rate_limited(self.term, key)
-    }
-
-    /// The term this handle adds for.
-    pub fn term(&self) -> u64 {
-        self.term
-    }
-
-    /// The whole queue (metrics, workers).
-    pub fn queue(&self) -> &WorkQueue<K> {
-        &self.queue
     }
 }
 

@@ -22,8 +22,8 @@ use tracing::{Instrument, debug, info, warn};
 use crate::{
     elector::{ElectorError, ElectorHandle},
     fence::{Fence, FenceMetrics},
-    gate::{Gate, TermContext},
-    queue::{QueueConfig, QueueKey, WorkItem, WorkQueue},
+    gate::{Dispatcher, Gate, TermContext},
+    queue::{QueueConfig, QueueKey, QueueMetrics, WorkItem, WorkQueue},
     term::{Leadership, Term},
 };
 
@@ -36,19 +36,55 @@ pub enum Action {
     RequeueAfter(Duration),
 }
 
-/// Runtime settings.
+/// Runtime settings, validated when built ([`RuntimeConfig::builder`]); the default is 4
+/// workers, a 10 s drain, a 1 s fence margin, a 10 min resync and client-go's retry pacing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeConfig {
     /// Concurrent reconciles (distinct keys).
-    pub workers: NonZeroUsize,
+    pub(crate) workers: NonZeroUsize,
     /// How long shutdown waits for queued and in-flight work before releasing the lease anyway.
-    pub drain_timeout: Duration,
+    pub(crate) drain_timeout: Duration,
     /// Safety margin of the fence: writes stop this long before RenewDeadline would end the term.
-    pub fence_margin: Duration,
+    pub(crate) fence_margin: Duration,
     /// Full replay of the caches while leading, as a safety net; `None` disables it.
-    pub resync_period: Option<Duration>,
+    pub(crate) resync_period: Option<Duration>,
     /// Queue pacing.
-    pub queue: QueueConfig,
+    pub(crate) queue: QueueConfig,
+}
+
+/// Builds a [`RuntimeConfig`]; every setting starts at its default.
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RuntimeConfigBuilder {
+    config: RuntimeConfig,
+    workers: usize,
+}
+
+/// Why a [`RuntimeConfig`] cannot be built. None is retryable: fix the configuration.
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
+pub enum RuntimeConfigError {
+    /// Zero workers would never reconcile anything.
+    #[error("workers must be at least 1")]
+    ZeroWorkers,
+    /// A resync period of zero would replay the caches in a loop.
+    #[error("resync period must be greater than zero (or disabled)")]
+    ZeroResyncPeriod,
+    /// The first retry delay is zero or longer than the longest one.
+    #[error("retry backoff must satisfy 0 < base ({base:?}) ≤ max ({max:?})")]
+    RetryBackoff {
+        /// The first retry delay.
+        base: Duration,
+        /// The longest retry delay.
+        max: Duration,
+    },
+    /// The global retry rate is not a positive number, or the burst is zero.
+    #[error("retry rate must be positive and finite and the burst at least 1 (got {per_second}/s, burst {burst})")]
+    RetryRate {
+        /// Retries per second.
+        per_second: f64,
+        /// Retries in a burst.
+        burst: u32,
+    },
 }
 
 /// Why the runtime stopped with an error.
@@ -116,6 +152,7 @@ struct Preparing {
 
 /// A controller's runtime: handlers gated on leadership, a per-term work queue, workers, and a
 /// graceful shutdown (stop intake, drain, release).
+#[must_use = "a runtime does nothing until `run` is awaited"]
 pub struct Runtime<K, S, E> {
     config: RuntimeConfig,
     gate: Gate<K, S>,
@@ -136,6 +173,113 @@ impl Default for RuntimeConfig {
             resync_period: Some(Duration::from_secs(600)),
             queue: QueueConfig::default(),
         }
+    }
+}
+
+impl RuntimeConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> RuntimeConfigBuilder {
+        let config = Self::default();
+        RuntimeConfigBuilder {
+            workers: config.workers.get(),
+            config,
+        }
+    }
+
+    /// Concurrent reconciles (of distinct keys).
+    pub fn workers(&self) -> NonZeroUsize {
+        self.workers
+    }
+
+    /// How long shutdown waits for queued and in-flight work before releasing the lease anyway.
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout
+    }
+
+    /// How long before RenewDeadline would end a term its fence stops writes.
+    pub fn fence_margin(&self) -> Duration {
+        self.fence_margin
+    }
+
+    /// Period of the full replay while leading; `None` when disabled.
+    pub fn resync_period(&self) -> Option<Duration> {
+        self.resync_period
+    }
+}
+
+// === impl RuntimeConfigBuilder ===
+
+impl RuntimeConfigBuilder {
+    /// Concurrent reconciles (distinct keys; one key is never reconciled twice at once).
+    /// Default 4.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// How long shutdown waits for queued and in-flight work (still fenced) before releasing
+    /// the lease anyway. Default 10 s; keep it below the pod's termination grace period.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.config.drain_timeout = timeout;
+        self
+    }
+
+    /// Writes stop this long before RenewDeadline would end the term (clock drift, request
+    /// latency). Default 1 s; keep it well below the lease's RenewDeadline.
+    pub fn fence_margin(mut self, margin: Duration) -> Self {
+        self.config.fence_margin = margin;
+        self
+    }
+
+    /// Full replay of the caches every `period` while leading, as a safety net; `None`
+    /// disables it. Default 10 min.
+    pub fn resync_period(mut self, period: Option<Duration>) -> Self {
+        self.config.resync_period = period;
+        self
+    }
+
+    /// Retry delays after a failure: `base` doubled per consecutive failure of a key, up to
+    /// `max`, where a key failing forever keeps retrying. Default 5 ms to 1000 s.
+    pub fn retry_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.config.queue.base_delay = base;
+        self.config.queue.max_delay = max;
+        self
+    }
+
+    /// Retries allowed across all keys: `per_second` on average, `burst` at once. Default 10/s,
+    /// burst 100.
+    pub fn retry_rate(mut self, per_second: f64, burst: u32) -> Self {
+        self.config.queue.retry_qps = per_second;
+        self.config.queue.retry_burst = burst;
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<RuntimeConfig, RuntimeConfigError> {
+        let Self { mut config, workers } = self;
+        config.workers = NonZeroUsize::new(workers).ok_or(RuntimeConfigError::ZeroWorkers)?;
+        if config.resync_period.is_some_and(|period| period.is_zero()) {
+            return Err(RuntimeConfigError::ZeroResyncPeriod);
+        }
+        let QueueConfig {
+            base_delay,
+            max_delay,
+            retry_qps,
+            retry_burst,
+        } = config.queue;
+        if base_delay.is_zero() || base_delay > max_delay {
+            return Err(RuntimeConfigError::RetryBackoff {
+                base: base_delay,
+                max: max_delay,
+            });
+        }
+        if !(retry_qps.is_finite() && retry_qps > 0.0) || retry_burst == 0 {
+            return Err(RuntimeConfigError::RetryRate {
+                per_second: retry_qps,
+                burst: retry_burst,
+            });
+        }
+        Ok(config)
     }
 }
 
@@ -170,13 +314,24 @@ where
         }
     }
 
-    /// The gate the app's watches dispatch events through.
-    pub fn gate(&self) -> Gate<K, S> {
+    /// The handle the app's watches dispatch events through: handlers run only while leading
+    /// and can only queue keys for the current term.
+    pub fn dispatcher(&self) -> Dispatcher<K, S> {
+        Dispatcher::new(self.gate.clone())
+    }
+
+    /// Read-only counters and gauges of the work queue, for a metrics layer.
+    pub fn queue_metrics(&self) -> QueueMetrics {
+        QueueMetrics::of(self.queue.clone())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn gate(&self) -> Gate<K, S> {
         self.gate.clone()
     }
 
-    /// The queue (for its metrics).
-    pub fn queue(&self) -> WorkQueue<K> {
+    #[cfg(test)]
+    pub(crate) fn queue(&self) -> WorkQueue<K> {
         self.queue.clone()
     }
 
@@ -188,7 +343,15 @@ where
     /// Runs until `shutdown` is cancelled: registers handlers for each term the elector starts
     /// and deregisters them when it ends. On shutdown: stops intake, drains queued and in-flight
     /// work within the drain timeout (writes still fenced), then releases the lease, then returns
-    /// `Ok`. A follower returns at once. Returns an error if the elector stops on its own.
+    /// `Ok`. A follower returns at once.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::ElectorLost`] if the elector task ends on its own (a panic, a bug): the
+    /// handlers are deregistered and the workers stopped first. The caller must stop the process
+    /// (exit non-zero, so that it is restarted) rather than keep running without an election.
+    /// [`RuntimeError::WorkerFailed`] if a reconcile panicked.
+    #[must_use = "the result says whether the elector was lost; it must not be ignored"]
     pub async fn run(
         self,
         mut elector: ElectorHandle,

@@ -2,16 +2,24 @@
 //!
 //! [`LeaseStore`] is the small surface the elector needs (get, create, replace guarded by
 //! resourceVersion, and a stream of changes). [`KubeLeaseStore`] implements it with `kube::Api`;
-//! [`MemoryLeaseStore`] implements it in memory with the API server's optimistic-concurrency
-//! semantics and fault injection, for paused-time tests.
+//! `MemoryLeaseStore` (tests and feature `test-util`) implements it in memory with the API
+//! server's optimistic-concurrency semantics and fault injection, for paused-time tests.
+//!
+//! The trait is crate-private: an app picks a store through [`LeaseElector`] constructors
+//! (`LeaseElector::for_client`, or `testing::in_memory_elector`).
+//!
+//! [`LeaseElector`]: crate::LeaseElector
 
 mod kube_api;
+#[cfg(any(test, feature = "test-util"))]
 mod memory;
 
 use futures::{future::BoxFuture, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 
-pub use self::{kube_api::KubeLeaseStore, memory::MemoryLeaseStore};
+pub use self::kube_api::KubeLeaseStore;
+#[cfg(any(test, feature = "test-util"))]
+pub use self::memory::MemoryLeaseStore;
 
 /// Reads and writes one named Lease.
 ///
@@ -34,6 +42,24 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>>;
 }
 
+impl LeaseStore for Box<dyn LeaseStore> {
+    fn get(&self) -> BoxFuture<'_, Result<Option<Lease>, StoreError>> {
+        (**self).get()
+    }
+
+    fn create(&self, lease: Lease) -> BoxFuture<'_, Result<Lease, StoreError>> {
+        (**self).create(lease)
+    }
+
+    fn replace(&self, lease: Lease) -> BoxFuture<'_, Result<Lease, StoreError>> {
+        (**self).replace(lease)
+    }
+
+    fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
+        (**self).changes()
+    }
+}
+
 /// Why a lease request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -48,7 +74,8 @@ pub enum StoreError {
     /// The watch of the lease failed. Retryable: the watch is restarted and polling continues.
     #[error("lease watch failed: {0}")]
     Watch(#[source] Box<kube::runtime::watcher::Error>),
-    /// A failure injected by [`MemoryLeaseStore`] in tests. Retryable.
+    /// A failure injected by `MemoryLeaseStore` in tests. Retryable.
+    #[cfg(any(test, feature = "test-util"))]
     #[error("injected failure")]
     Injected,
 }

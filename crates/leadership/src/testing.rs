@@ -1,0 +1,54 @@
+//! Test support (feature `test-util`): leadership without an API server, for an app's own
+//! paused-time tests.
+//!
+//! - [`MemoryLeaseStore`] keeps one Lease in memory with the API server's optimistic-concurrency
+//!   rules; several connections share it like replicas share an API server, and each can be
+//!   given faults (failed, hanging or slow calls, a blind watch, a panic, a concurrent writer).
+//!   [`in_memory_elector`] runs the real elector on it.
+//! - [`leadership`], [`term`] and [`unbounded_term`] let a test publish terms by hand;
+//!   [`external_elector`] hands such a leadership value to [`Runtime::run`](crate::Runtime::run)
+//!   in place of an elector; [`fence`] guards writes of a hand-made term.
+//!
+//! Never enable this feature in a production build: nothing here elects anyone.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use crate::{store::MemoryLeaseStore, term::LeadershipSender};
+use crate::{ElectorHandle, Fence, FenceMetrics, LeaseConfig, LeaseElector, Leadership, Term};
+
+/// The real elector, competing for the Lease kept by `store` (one connection per replica:
+/// [`MemoryLeaseStore::connect`]).
+pub fn in_memory_elector(config: LeaseConfig, store: MemoryLeaseStore) -> LeaseElector {
+    LeaseElector::new(config, store)
+}
+
+/// A leadership value driven by hand: publish `Some(term)` to lead, `None` to follow.
+pub fn leadership(initial: Option<Term>) -> (LeadershipSender, Leadership) {
+    tokio::sync::watch::channel(initial)
+}
+
+/// A new term whose lease was renewed at `renewed_at` and stays safely held for
+/// `renew_deadline` after each renewal (its fence refuses writes after that).
+pub fn term(renewed_at: Instant, renew_deadline: Duration) -> Term {
+    Term::new(renewed_at, renew_deadline)
+}
+
+/// A new term that never expires; it ends only when its leadership value stops naming it
+/// (Linkerd's claim with expiry MAX).
+pub fn unbounded_term() -> Term {
+    Term::unbounded()
+}
+
+/// A fence for `term`, valid while `leadership` names it (with no safety margin), counting its
+/// refusals in a metrics value of its own.
+pub fn fence(term: Term, leadership: Leadership) -> Fence {
+    Fence::new(term, leadership, Duration::ZERO, FenceMetrics::default())
+}
+
+/// An elector handle that only forwards `leadership` (driven by the test through the matching
+/// [`LeadershipSender`]); releasing it only stops the handle.
+pub fn external_elector(leadership: Leadership) -> ElectorHandle {
+    ElectorHandle::external(leadership)
+}
