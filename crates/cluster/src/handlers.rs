@@ -1,23 +1,24 @@
 //! Handlers: what a change seen by a watch means for the queue, while leading; and the state a
 //! term carries, which the handlers and the reconciles of that term share.
 //!
-//! The watches call these on every replica, always; [`Gate::dispatch`] runs the closure only
-//! while this replica leads, under the gate's lock, so a handler never runs on a follower.
+//! The watches call these on every replica, always; [`Dispatcher::dispatch`] runs the closure only
+//! while this replica leads, under the runtime's registration lock, so a handler never runs on a
+//! follower.
 //!
 //! This module depends on the caches only: the reconcile (which uses [`replay`] and
 //! [`TermState`]) sits above it, the wiring above both.
 
 use std::{collections::HashMap, sync::Arc};
 
-use leadership::{Gate, TermContext};
+use leadership::{Dispatcher, TermContext};
 use parking_lot::Mutex;
 use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, Tracker, affected};
 use tokio::time::Instant;
 
 use crate::{caches::Caches, store::Change};
 
-/// The gate of this controller.
-pub type ServiceGate = Gate<ServiceKey, TermState>;
+/// The dispatch-only handle of this controller's handlers.
+pub type ServiceDispatcher = Dispatcher<ServiceKey, TermState>;
 
 /// The context handlers and reconciles get.
 pub type Context = TermContext<ServiceKey, TermState>;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  watch(Service) ─┐                                  ┌─► reconcile(key, term) ─► plan ─► fenced writer
-//!  watch(EW) ──────┼─► Caches ─► Gate::dispatch ─► queue
+//!  watch(EW) ──────┼─► Caches ─► dispatch ───► queue
 //!  watch(slices) ──┘   (always)  (leader only)
 //!       │ health: synced, stalled, age, version read ──► /ready, metrics, acquisition barrier
 //! ```
@@ -36,7 +36,7 @@ use api::v1beta1::ExternalWorkload;
 use futures::FutureExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, api::ListParams, runtime::events::Reporter};
-use leadership::{KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
+use leadership::{LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
 use tokio::{sync::mpsc, task::JoinSet};
@@ -48,7 +48,7 @@ use crate::{
     app::App,
     caches::Caches,
     events::Diagnostics,
-    handlers::ServiceGate,
+    handlers::ServiceDispatcher,
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
     watch::{
@@ -102,7 +102,7 @@ pub struct Controller {
     caches: Arc<Caches>,
     metrics: Metrics,
     runtime: Runtime<ServiceKey, TermState, ReconcileError>,
-    elector: LeaseElector<KubeLeaseStore>,
+    elector: LeaseElector,
     health: CacheHealth,
     commands: WatchCommands,
 }
@@ -167,7 +167,7 @@ impl Controller {
         registry.register_collector(Box::new(LeadershipCollector {
             elector: elector.metrics(),
             fence: runtime.fence_metrics(),
-            queue: runtime.queue(),
+            queue: runtime.queue_metrics(),
             leadership: elector.leadership(),
         }));
         Self {
@@ -198,9 +198,9 @@ impl Controller {
     /// drains and releases, as on shutdown).
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
         let stop_watches = CancellationToken::new();
-        let gate = self.runtime.gate();
+        let dispatcher = self.runtime.dispatcher();
         let commands = std::mem::replace(&mut self.commands, WatchCommands::closed());
-        let mut watches = Watches::spawn(&self, &gate, commands, &stop_watches);
+        let mut watches = Watches::spawn(&self, &dispatcher, commands, &stop_watches);
 
         let synced = self.health.synced();
         tokio::pin!(synced);
@@ -255,7 +255,7 @@ struct Watches {
 impl Watches {
     fn spawn(
         controller: &Controller,
-        gate: &ServiceGate,
+        dispatcher: &ServiceDispatcher,
         commands: WatchCommands,
         stop: &CancellationToken,
     ) -> Self {
@@ -265,7 +265,7 @@ impl Watches {
         let [services, workloads, slices] = controller.health.kinds();
         watches.start::<Service, _>(
             controller,
-            gate,
+            dispatcher,
             stop,
             (services, commands.services),
             None,
@@ -274,7 +274,7 @@ impl Watches {
         );
         watches.start::<ExternalWorkload, _>(
             controller,
-            gate,
+            dispatcher,
             stop,
             (workloads, commands.workloads),
             None,
@@ -283,7 +283,7 @@ impl Watches {
         );
         watches.start::<EndpointSlice, _>(
             controller,
-            gate,
+            dispatcher,
             stop,
             (slices, commands.slices),
             Some(slice_selector(&controller.config.slices)),
@@ -299,7 +299,7 @@ impl Watches {
     fn start<K, H>(
         &mut self,
         controller: &Controller,
-        gate: &ServiceGate,
+        dispatcher: &ServiceDispatcher,
         stop: &CancellationToken,
         (health, commands): (Arc<KindHealth>, mpsc::UnboundedReceiver<Command>),
         labels: Option<String>,
@@ -311,7 +311,7 @@ impl Watches {
         H: Fn(&handlers::Context, &store::Change<K::Cached>) + Send + 'static,
     {
         let kind = health.kind();
-        let gate = gate.clone();
+        let dispatcher = dispatcher.clone();
         let labels_of_kind = KindLabels { kind };
         let metrics = &controller.metrics;
         let counters = WatchCounters {
@@ -334,7 +334,7 @@ impl Watches {
             controller.caches.interner.clone(),
             health,
             move |change| {
-                gate.dispatch(|context| handler(context, &change));
+                dispatcher.dispatch(|context| handler(context, &change));
             },
             stop.clone(),
         );

@@ -13,8 +13,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use leadership::{ElectorMetrics, FenceMetrics, Leadership, WorkQueue};
-use slices::{ProblemKind, ServiceKey};
+use leadership::{ElectorMetrics, FenceMetrics, Leadership, QueueMetrics};
+use slices::ProblemKind;
 
 /// Counters and histograms the reconcile path updates.
 #[derive(Clone, Debug)]
@@ -125,8 +125,8 @@ pub struct LeadershipCollector {
     pub elector: ElectorMetrics,
     /// The fences' refusals.
     pub fence: FenceMetrics,
-    /// The work queue.
-    pub queue: WorkQueue<ServiceKey>,
+    /// The work queue (read-only).
+    pub queue: QueueMetrics,
     /// Current leadership.
     pub leadership: Leadership,
 }

@@ -6,7 +6,7 @@
 use std::{net::SocketAddr, num::NonZeroU16, path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum, error::ErrorKind};
-use leadership::{ConfigError, LeaseConfig, LeaseTimings};
+use leadership::{LeaseConfig, LeaseConfigError, LeaseTimings, RuntimeConfig};
 
 /// Publishes EndpointSlices for Services that select ExternalWorkloads.
 ///
@@ -114,6 +114,8 @@ pub struct Settings {
     pub lease: LeaseConfig,
     /// The planner's settings.
     pub slices: slices::Config,
+    /// The leadership runtime's settings (workers, drain, fence margin, resync).
+    pub runtime: RuntimeConfig,
 }
 
 // === impl Args ===
@@ -164,19 +166,29 @@ impl Args {
             self.slice_prefix.clone(),
         )
         .map_err(|error| slice_flags_error(&error))?;
+        let runtime = RuntimeConfig::builder()
+            .workers(self.workers.get().into())
+            .drain_timeout(self.drain_timeout)
+            // Stop writing half a retry period before the renew deadline would end the term.
+            .fence_margin(self.retry_period / 2)
+            .resync_period(Some(self.resync_period))
+            .build()
+            // Every rule is checked above (workers ≥ 1, resync > 0); this names the flags anyway.
+            .map_err(|error| format!("--workers, --resync-period: {error}"))?;
         Ok(Settings {
             args: self,
             lease,
             slices,
+            runtime,
         })
     }
 }
 
 /// The library's reason, phrased with the flags an operator sets.
-fn lease_flags_error(error: &ConfigError) -> String {
+fn lease_flags_error(error: &LeaseConfigError) -> String {
     let format = |d: &Duration| humantime::format_duration(*d).to_string();
     match error {
-        ConfigError::LeaseDurationTooShort {
+        LeaseConfigError::LeaseDurationTooShort {
             lease_duration,
             renew_deadline,
         } => format!(
@@ -184,7 +196,7 @@ fn lease_flags_error(error: &ConfigError) -> String {
             format(renew_deadline),
             format(lease_duration)
         ),
-        ConfigError::RenewDeadlineTooShort {
+        LeaseConfigError::RenewDeadlineTooShort {
             renew_deadline,
             retry_period,
         } => format!(
@@ -192,10 +204,12 @@ fn lease_flags_error(error: &ConfigError) -> String {
             format(renew_deadline),
             format(retry_period)
         ),
-        ConfigError::ZeroRetryPeriod => "--retry-period must be greater than zero".into(),
-        ConfigError::LeaseDurationOutOfRange(_) => format!("--lease-duration: {error}"),
-        ConfigError::EmptyName => "--lease-name and --lease-namespace must not be empty".into(),
-        ConfigError::EmptyIdentity => {
+        LeaseConfigError::ZeroRetryPeriod => "--retry-period must be greater than zero".into(),
+        LeaseConfigError::LeaseDurationOutOfRange(_) => format!("--lease-duration: {error}"),
+        LeaseConfigError::EmptyName => {
+            "--lease-name and --lease-namespace must not be empty".into()
+        }
+        LeaseConfigError::EmptyIdentity => {
             "no identity: pass --identity or set POD_NAME or HOSTNAME".into()
         }
     }

@@ -12,7 +12,6 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context as _;
 use cluster::{Controller, ControllerConfig};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use leadership::{QueueConfig, RuntimeConfig};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -66,14 +65,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
     ControllerConfig {
         slices: settings.slices.clone(),
         lease: settings.lease.clone(),
-        runtime: RuntimeConfig {
-            workers: args.workers.into(),
-            drain_timeout: args.drain_timeout,
-            // Stop writing half a retry period before the renew deadline would end the term.
-            fence_margin: args.retry_period / 2,
-            resync_period: Some(args.resync_period),
-            queue: QueueConfig::default(),
-        },
+        runtime: settings.runtime.clone(),
         stale_limit: Duration::from_secs(30),
         namespace: args.watch_namespace.clone(),
         stall_bound: args.watch_stall_timeout,

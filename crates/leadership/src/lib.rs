@@ -104,7 +104,10 @@ mod term;
 pub mod testing;
 
 pub use self::{
-    elector::{ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseConfigError, LeaseElector, LeaseTimings},
+    elector::{
+        ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseConfigError, LeaseElector,
+        LeaseTimings,
+    },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Dispatcher, TermContext},
     queue::{QueueKey, QueueMetrics},

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::{ElectorHandle, Fence, FenceMetrics, Leadership, LeaseConfig, LeaseElector, Term};
 pub use crate::{store::MemoryLeaseStore, term::LeadershipSender};
-use crate::{ElectorHandle, Fence, FenceMetrics, LeaseConfig, LeaseElector, Leadership, Term};
 
 /// The real elector, competing for the Lease kept by `store` (one connection per replica:
 /// [`MemoryLeaseStore::connect`]).

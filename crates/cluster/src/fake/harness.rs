@@ -3,29 +3,29 @@
 //! paused time.
 //!
 //! ```text
-//!  test ──feed──► Caches ─► Gate::dispatch(handlers) ─► queue ─► reconcile ─► FakeApi
+//!  test ──feed──► Caches ─► dispatch(handlers) ─► queue ─► reconcile ─► FakeApi
 //!   │                ▲                                                          │
 //!   │                └──── slice watch (delay set by the test, or held) ◄── SliceServer
-//!   └── leadership sender (lead / follow) ──► Runtime (ElectorHandle::external)
+//!   └── leadership sender (lead / follow) ──► Runtime (testing::external_elector)
 //! ```
 //!
 //! The test plays the watches of Services and workloads ([`Feed`]: each change goes into the
-//! cache, then through the gate, as the real watches do it) and the elector (it publishes terms
+//! cache, then through the dispatcher, as the real watches do it) and the elector (it publishes terms
 //! by hand). The API server is a [`SliceServer`]: it stores what the writer sends, refuses
 //! stale versions with 409, and its slice watch delivers every change back to the caches after
 //! a delay the test sets, or holds them back (a watch lagging behind our writes).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::{num::NonZeroUsize, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
 use leadership::{
-    ElectorHandle, LeadershipSender, QueueConfig, Runtime, RuntimeConfig, RuntimeError, Term,
-    WorkQueue,
+    QueueMetrics, Runtime, RuntimeConfig, RuntimeError,
+    testing::{self, LeadershipSender},
 };
 use prometheus_client::registry::Registry;
-use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey};
+use slices::{CachedService, CachedSlice, CachedWorkload};
 use tokio::{
     task::JoinHandle,
     time::{Instant, sleep},
@@ -36,7 +36,7 @@ use super::{FakeApi, SliceEvent, SliceServer};
 use crate::{
     caches::Caches,
     events::Diagnostics,
-    handlers::{self, ServiceGate},
+    handlers::{self, ServiceDispatcher},
     metrics::{Metrics, Outcome, OutcomeLabels},
     reconcile::{Shared, SliceReconciler},
 };
@@ -52,7 +52,7 @@ pub struct Core {
     feed: Feed,
     server: Arc<SliceServer>,
     shared: Arc<Shared<FakeApi>>,
-    queue: WorkQueue<ServiceKey>,
+    queue: QueueMetrics,
     leadership: LeadershipSender,
     shutdown: CancellationToken,
     runtime: Option<JoinHandle<Result<(), RuntimeError>>>,
@@ -64,7 +64,7 @@ pub struct Core {
 #[derive(Clone)]
 pub struct Feed {
     caches: Arc<Caches>,
-    gate: ServiceGate,
+    dispatcher: ServiceDispatcher,
     config: slices::Config,
 }
 
@@ -88,13 +88,13 @@ impl Core {
         let runtime = Runtime::new(runtime_config(), SliceReconciler(shared.clone()));
         let feed = Feed {
             caches,
-            gate: runtime.gate(),
+            dispatcher: runtime.dispatcher(),
             config,
         };
-        let queue = runtime.queue();
+        let queue = runtime.queue_metrics();
         let (leadership, published) = tokio::sync::watch::channel(None);
         let shutdown = CancellationToken::new();
-        let elector = ElectorHandle::external(published);
+        let elector = testing::external_elector(published);
         let runtime = tokio::spawn(runtime.run(elector, shutdown.clone()));
         let watch_feed = feed.clone();
         let slice_watch = tokio::spawn(
@@ -146,7 +146,7 @@ impl Core {
 
     /// Publishes a new term (as an acquisition does) without waiting for the runtime to see it.
     pub fn publish_term(&self) -> u64 {
-        let term = Term::unbounded();
+        let term = testing::unbounded_term();
         let id = term.id();
         self.leadership.send_replace(Some(term));
         id
@@ -155,9 +155,9 @@ impl Core {
     /// Acquires a new term and waits until its handlers are registered and the caches replayed.
     pub async fn lead(&self) -> u64 {
         let id = self.publish_term();
-        let gate = self.feed.gate.clone();
+        let dispatcher = self.feed.dispatcher.clone();
         wait_until("the term's handlers registered", || {
-            gate.registered_term() == Some(id)
+            dispatcher.dispatch(|context| context.term().id()) == Some(id)
         })
         .await;
         id
@@ -166,9 +166,9 @@ impl Core {
     /// Loses the term and waits until its handlers are deregistered.
     pub async fn follow(&self) {
         self.leadership.send_replace(None);
-        let gate = self.feed.gate.clone();
+        let dispatcher = self.feed.dispatcher.clone();
         wait_until("the handlers deregistered", || {
-            gate.registered_term().is_none()
+            dispatcher.dispatch(|_| ()).is_none()
         })
         .await;
     }
@@ -246,13 +246,13 @@ impl Drop for Core {
 /// Two workers (so that two Services can be in flight at once), no periodic resync (a test
 /// sees only what events and replays cause), the default queue pacing.
 fn runtime_config() -> RuntimeConfig {
-    RuntimeConfig {
-        workers: NonZeroUsize::new(2).expect("non-zero"),
-        drain_timeout: Duration::from_secs(1),
-        fence_margin: Duration::from_secs(1),
-        resync_period: None,
-        queue: QueueConfig::default(),
-    }
+    RuntimeConfig::builder()
+        .workers(2)
+        .drain_timeout(Duration::from_secs(1))
+        .fence_margin(Duration::from_secs(1))
+        .resync_period(None)
+        .build()
+        .expect("a valid runtime config")
 }
 
 // === impl Feed ===
@@ -262,7 +262,7 @@ impl Feed {
     pub fn apply_service(&self, service: &Service) {
         let cached = CachedService::new(service, &*self.caches.interner);
         let change = self.caches.services.apply(cached);
-        self.gate
+        self.dispatcher
             .dispatch(|context| handlers::on_service(context, &change));
     }
 
@@ -270,7 +270,7 @@ impl Feed {
     pub fn apply_workload(&self, workload: &ExternalWorkload) {
         let cached = CachedWorkload::new(workload, &*self.caches.interner);
         let change = self.caches.workloads.apply(cached);
-        self.gate
+        self.dispatcher
             .dispatch(|context| handlers::on_workload(context, &self.caches, &change));
     }
 
@@ -278,7 +278,7 @@ impl Feed {
     pub fn delete_workload(&self, workload: &ExternalWorkload) {
         let cached = CachedWorkload::new(workload, &*self.caches.interner);
         let change = self.caches.workloads.delete(cached);
-        self.gate
+        self.dispatcher
             .dispatch(|context| handlers::on_workload(context, &self.caches, &change));
     }
 
@@ -294,7 +294,7 @@ impl Feed {
                 self.caches.slices.delete(cached)
             }
         };
-        self.gate
+        self.dispatcher
             .dispatch(|context| handlers::on_slice(context, &self.config, &change));
     }
 }

@@ -13,7 +13,10 @@ use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::api::{core::v1::ObjectReference, discovery::v1::EndpointSlice};
 use kube::{api::Preconditions, core::Status, runtime::events::Event};
-use leadership::{Fence, FenceMetrics, LeadershipSender, Term, fixed_leadership};
+use leadership::{
+    Fence,
+    testing::{self, LeadershipSender},
+};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -186,14 +189,9 @@ pub fn status(code: u16) -> kube::Error {
 impl TestTerm {
     /// A term of an hour whose fence allows writes until [`TestTerm::end`].
     pub fn new() -> Self {
-        let term = Term::new(Instant::now(), std::time::Duration::from_secs(3600));
-        let (sender, leadership) = fixed_leadership(term.clone());
-        let fence = Fence::new(
-            term,
-            leadership,
-            std::time::Duration::ZERO,
-            FenceMetrics::default(),
-        );
+        let term = testing::term(Instant::now(), std::time::Duration::from_secs(3600));
+        let (sender, leadership) = testing::leadership(Some(term.clone()));
+        let fence = testing::fence(term, leadership);
         Self { fence, sender }
     }
 

@@ -25,7 +25,7 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{LeaseConfigError, LeaseConfig, LeaseTimings};
+pub use self::config::{LeaseConfig, LeaseConfigError, LeaseTimings};
 use crate::{
     store::{KubeLeaseStore, LeaseStore},
     term::{Leadership, LeadershipSender},

@@ -78,7 +78,9 @@ pub enum RuntimeConfigError {
         max: Duration,
     },
     /// The global retry rate is not a positive number, or the burst is zero.
-    #[error("retry rate must be positive and finite and the burst at least 1 (got {per_second}/s, burst {burst})")]
+    #[error(
+        "retry rate must be positive and finite and the burst at least 1 (got {per_second}/s, burst {burst})"
+    )]
     RetryRate {
         /// Retries per second.
         per_second: f64,
@@ -256,7 +258,10 @@ impl RuntimeConfigBuilder {
 
     /// Checks the settings.
     pub fn build(self) -> Result<RuntimeConfig, RuntimeConfigError> {
-        let Self { mut config, workers } = self;
+        let Self {
+            mut config,
+            workers,
+        } = self;
         config.workers = NonZeroUsize::new(workers).ok_or(RuntimeConfigError::ZeroWorkers)?;
         if config.resync_period.is_some_and(|period| period.is_zero()) {
             return Err(RuntimeConfigError::ZeroResyncPeriod);
