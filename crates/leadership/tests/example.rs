@@ -275,6 +275,24 @@ fn example_binary() -> PathBuf {
                 ])
                 .env("CARGO_TARGET_DIR", target_dir)
                 .current_dir(env!("CARGO_MANIFEST_DIR"));
+            // Cargo gives this test its package's variables (CARGO_MANIFEST_DIR, ...); some
+            // build scripts (ring's) rerun when they change, which would make this build and
+            // the next `cargo test` rebuild the TLS stack in turn.
+            for (name, _) in std::env::vars_os() {
+                let name = name.to_string_lossy();
+                let set_for_tests = ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_EXE_"]
+                    .iter()
+                    .any(|prefix| name.starts_with(prefix))
+                    || [
+                        "CARGO_CRATE_NAME",
+                        "CARGO_PRIMARY_PACKAGE",
+                        "CARGO_TARGET_TMPDIR",
+                    ]
+                    .contains(&name.as_ref());
+                if set_for_tests {
+                    build.env_remove(name.as_ref());
+                }
+            }
             if profile_dir
                 .file_name()
                 .is_some_and(|name| name == "release")
