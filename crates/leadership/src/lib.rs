@@ -1,17 +1,18 @@
 //! Leadership for Kubernetes controllers that must lose nothing when the leader changes.
 //!
 //! This crate knows nothing of any particular resource. It elects one writer among replicas with
-//! a `coordination.k8s.io/v1` Lease, publishes leadership as a value ([`Leadership`]: the current
-//! [`Term`] or none), runs the app's event handlers only while leading, queues and retries work
-//! per term, fences every write, and shuts down without dropping work.
+//! a `coordination.k8s.io/v1` Lease ([`LeaseElector`]), publishes leadership as a value
+//! ([`Leadership`]: the current [`Term`] or none), runs the app's event handlers only while
+//! leading ([`Dispatcher`]), queues and retries work per term, fences every write ([`Fence`]),
+//! and shuts down without dropping work ([`Runtime`]).
 //!
 //! ```text
-//!  watches (every replica, always)         Gate                    WorkQueue        workers
-//!  caches ──events──► gate.dispatch(|ctx| …) ─► handlers on only ─► keys of term t ─► reconcile(key, ctx)
-//!                                               while leading         (dedup, retry)        │
-//!                                                                                      ctx.fence().check()
-//!                                                                                      right before each write
-//!  Lease ◄──► LeaseElector ──Leadership (Option<Term>)──► Runtime: start(t) / stop(t) on the Gate
+//!  watches (every replica, always)      Dispatcher              queue of term t       workers
+//!  caches ──events──► dispatch(|ctx| …) ─► handlers run only ─► keys (dedup, retry) ─► reconcile(key, ctx)
+//!                                          while leading                                   │
+//!                                                                          ctx.fence().check()
+//!                                                                          right before each write
+//!  Lease ◄──► LeaseElector ──Leadership (Option<Term>)──► Runtime: prepare, start, stop terms
 //! ```
 //!
 //! # Guarantees
@@ -24,52 +25,65 @@
 //! - **A deposed leader writes nothing.** [`Fence::check`], called immediately before every API
 //!   call, passes only while the work's term is the current term and the last successful renewal
 //!   plus RenewDeadline minus a margin is in the future.
-//! - **Fresh state and a full replay every term.** When term t starts, the [`Gate`] builds new
-//!   per-term state (an app's stale-cache tracker lives there), registers the handlers and replays
-//!   every cached object, under one lock; when t ends, it deregisters and drops t's queued and
-//!   retrying keys. Start/stop are ordered by term id and idempotent, so a late "started" can never
-//!   leave handlers registered on a follower.
-//! - **Nothing lost on hand-over.** On shutdown the [`Runtime`] stops intake, drains queued and
-//!   in-flight work (still fenced) within a deadline, then releases the Lease (holder cleared), and
-//!   followers, which watch the Lease, take over at once.
-//! - **No key dropped for failing.** The [`WorkQueue`] deduplicates keys, gives a key to one
-//!   worker at a time, retries with per-key exponential backoff under a global rate limit, and
-//!   keeps retrying at the cap (counted) instead of giving up.
-//! - **Failures are visible.** If the elector task ends on its own, [`Runtime::run`] returns an
-//!   error; it never keeps running without an election.
+//! - **Watch-based take-over.** Followers watch the Lease, so a released Lease is taken within
+//!   one API round trip, not at the next poll; a crashed leader's Lease is taken LeaseDuration
+//!   after the last change a follower observed.
+//! - **Handlers only while leading.** The [`Dispatcher`] runs an event handler only while a term
+//!   is registered, with that term's [`TermContext`]; it can queue keys for the current term and
+//!   nothing else. Start and stop are ordered by term id and idempotent, so a late "started" can
+//!   never leave handlers registered on a follower.
+//! - **Fresh state and a full replay every term.** A term first awaits
+//!   [`Reconciler::prepare_term`] (bring caches up to date), then, under one lock, builds new
+//!   per-term state ([`Reconciler::start_term`]: an app's stale-cache tracker lives there),
+//!   registers the handlers and replays every cached object ([`Reconciler::replay`]). When the
+//!   term ends, its queued and retrying keys are dropped. State carried over from an earlier term
+//!   can be wrong about what happened while following; a fresh one cannot.
+//! - **Drain, then release.** On shutdown the [`Runtime`] stops intake, drains queued and
+//!   in-flight work (still fenced) within a deadline, then releases the Lease (holder cleared),
+//!   and a follower takes over at once.
+//! - **No key dropped for failing.** Keys are deduplicated, one worker at a time per key,
+//!   retried with per-key exponential backoff under a global rate limit, and past the cap they
+//!   keep retrying (counted in [`QueueMetrics`]).
+//! - **No silent death.** If the elector task ends on its own, [`Runtime::run`] returns
+//!   [`RuntimeError::ElectorLost`]; the run future, its result, [`ElectorHandle`] and [`Runtime`]
+//!   are `#[must_use]`.
 //!
 //! # Wiring
 //!
 //! ```no_run
+//! use std::sync::Arc;
+//!
 //! use leadership::{
-//!     Action, LeaseConfig, LeaseElector, LeaseTimings, Reconciler, Runtime, RuntimeConfig, Term,
-//!     TermContext,
+//!     Action, LeaseConfig, LeaseElector, LeaseTimings, Reconciler, Runtime, RuntimeConfig,
+//!     RuntimeError, Term, TermContext,
 //! };
 //! use tokio_util::sync::CancellationToken;
 //!
-//! struct Tracker;
+//! #[derive(Default)]
+//! struct Tracker; // what this term wrote: fresh every term
+//!
 //! struct App;
 //!
 //! impl Reconciler for App {
 //!     type Key = String;
 //!     type TermState = Tracker;
-//!     type Error = String;
+//!     type Error = leadership::Fenced;
 //!
 //!     fn start_term(&self, _term: &Term) -> Tracker {
-//!         Tracker // fresh per-term state
+//!         Tracker::default()
 //!     }
 //!
 //!     fn replay(&self, context: &TermContext<String, Tracker>) {
-//!         context.enqueue("ns/svc".to_string()); // every cached key
+//!         context.enqueue("ns/name".to_string()); // every cached key, from the app's caches
 //!     }
 //!
 //!     fn reconcile(
 //!         &self,
 //!         key: String,
 //!         context: TermContext<String, Tracker>,
-//!     ) -> impl Future<Output = Result<Action, String>> + Send + 'static {
+//!     ) -> impl Future<Output = Result<Action, leadership::Fenced>> + Send + 'static {
 //!         async move {
-//!             context.fence().check().map_err(|fenced| fenced.to_string())?; // before each write
+//!             context.fence().check()?; // immediately before each write
 //!             let _ = (key, context.state());
 //!             Ok(Action::Done)
 //!         }
@@ -77,18 +91,38 @@
 //! }
 //!
 //! # async fn example(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! let config = LeaseConfig::new("my-controller", "my-namespace", "pod-0", LeaseTimings::default())?;
-//! let elector = LeaseElector::for_client(client, config).spawn();
+//! let lease = LeaseConfig::new("my-controller", "my-namespace", "pod-0", LeaseTimings::default())?;
+//! let runtime = Runtime::new(RuntimeConfig::builder().workers(4).build()?, App);
 //!
-//! let runtime = Runtime::new(RuntimeConfig::default(), App);
-//! let gate = runtime.gate();
-//! // In each watch stream, on every event: gate.dispatch(|context| context.enqueue(key));
-//! # let _ = gate;
-//! let shutdown = CancellationToken::new();
-//! runtime.run(elector, shutdown).await?;
+//! // In each watch stream (every replica, always), after updating the cache:
+//! let dispatcher = runtime.dispatcher();
+//! dispatcher.dispatch(|context| context.enqueue("ns/name".to_string()));
+//!
+//! let elector = LeaseElector::for_client(client, lease).spawn();
+//! let shutdown = CancellationToken::new(); // cancel on SIGTERM
+//! match runtime.run(elector, shutdown).await {
+//!     Ok(()) => {} // drained and released
+//!     // Not something to log and carry on from: exit non-zero so the process is restarted.
+//!     Err(RuntimeError::ElectorLost(error)) => return Err(error.into()),
+//!     Err(error) => return Err(error.into()),
+//! }
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A complete controller is in `examples/namespace_labels.rs` (it copies a Namespace label onto
+//! the namespace's ConfigMaps); its test runs two replicas on a real API server through a
+//! graceful hand-over, a crash, and a leader that loses and regains the Lease.
+//!
+//! # TLS
+//!
+//! The crate depends on `kube` without a TLS stack; the application enables one (`kube`'s
+//! `rustls-tls` or `openssl-tls` feature) for its own client.
+//!
+//! # Features
+//!
+//! - `test-util`: the `testing` module: an in-memory Lease
+//!   store with fault injection and hand-driven terms, for an app's own paused-time tests.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -89,7 +89,7 @@ impl MemoryLeaseStore {
     }
 
     /// Makes the next `n` get/create/replace calls of this connection fail with
-    /// [`StoreError::Injected`].
+    /// an injected error (the elector retries it like any failed request).
     pub fn fail_next(&self, n: usize) {
         self.faults.fail_next.store(n, Ordering::SeqCst);
     }
@@ -110,7 +110,7 @@ impl MemoryLeaseStore {
         self.faults.latency_ms.store(millis, Ordering::SeqCst);
     }
 
-    /// While `true`, new [`changes`](LeaseStore::changes) streams of this connection never yield
+    /// While `true`, new watches of the lease through this connection never yield
     /// (a watch that is down), so only polling sees changes.
     pub fn blind(&self, blind: bool) {
         self.faults.blind.store(blind, Ordering::SeqCst);
