@@ -15,5 +15,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
+# The one crate meant for crates.io: packaged and built alone, as `cargo publish` would (it
+# reaches the crates.io index; nothing is uploaded).
+echo "==> cargo publish --dry-run -p leadership"
+cargo publish --dry-run -p leadership --locked
+
 echo "==> cargo test"
 cargo test --workspace --locked "$@"
