@@ -33,6 +33,9 @@ pub(super) struct Candidate<S> {
     written_version: Option<String>,
     /// Whether the watch has delivered our last write (so later events are newer than it).
     watch_caught_up: bool,
+    /// When the lease was deleted while another holder's term ran: when that term would have
+    /// expired. Until then we do not re-create the lease (see [`Candidate::observe`]).
+    vanished_until: Option<Instant>,
 }
 
 /// The watch of the lease; restarted at the next poll when it ends, and at once when it has
@@ -83,6 +86,7 @@ impl<S: LeaseStore> Candidate<S> {
             term: None,
             written_version: None,
             watch_caught_up: false,
+            vanished_until: None,
         }
     }
 
@@ -251,6 +255,9 @@ impl<S: LeaseStore> Candidate<S> {
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
         let Some(lease) = current else {
+            if self.vanished_claim_runs(Instant::now()) {
+                return;
+            }
             let lease = record::new_lease(&self.config);
             return match self.store.create(lease).await {
                 Ok(created) => self.renewed(created, started),
@@ -300,6 +307,7 @@ impl<S: LeaseStore> Candidate<S> {
         let holder = self.observed.as_ref().and_then(Observed::holder);
         let named = holder == Some(self.config.identity());
         match (leading, holder, named) {
+            (false, None, _) if self.vanished_claim_runs(now) => Reaction::Nothing,
             (false, None, _) => Reaction::AttemptNow,
             (false, Some(_), _) | (true, _, true) => Reaction::Nothing,
             // A record without us, newer than our last write: the lease is lost.
@@ -333,8 +341,30 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
+    /// Records what the API server showed. A lease deleted while another holder's term ran does
+    /// not end that term at once: the holder may not know yet (its watch may lag or be
+    /// reconnecting) and keeps acting until its next poll, so a candidate that re-created the
+    /// lease at once could lead beside it. The deleted record's claim stands until RenewDeadline
+    /// after we last saw it change (a holder with our timings stops acting RenewDeadline after
+    /// its last successful renewal, which we saw no earlier than it happened), or until it would
+    /// have expired if that is sooner. The holder itself, told by its watch or its next poll,
+    /// steps down and may re-create the lease at once. A release (holder cleared, written by the
+    /// holder) is still taken at once.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
+        match (&lease, &self.observed) {
+            (None, Some(previous)) if previous.held_by_other(&self.config, now) => {
+                let acting_until = previous.changed_at + self.config.timings().renew_deadline();
+                self.vanished_until = Some(previous.expires_at(&self.config).min(acting_until));
+            }
+            (Some(_), _) => self.vanished_until = None,
+            (None, _) => {}
+        }
         self.observed = lease.map(|lease| Observed::update(self.observed.take(), lease, now));
+    }
+
+    /// Whether a deleted lease's last holder may still be acting (see [`Candidate::observe`]).
+    fn vanished_claim_runs(&self, now: Instant) -> bool {
+        self.vanished_until.is_some_and(|until| until > now)
     }
 
     fn held_by_other(&self, now: Instant) -> bool {
@@ -400,10 +430,11 @@ impl<S: LeaseStore> Candidate<S> {
     fn next_attempt_after(&mut self, started: Instant) -> Instant {
         self.check_deadline(Instant::now());
         let next = started + self.config.timings().retry_period();
-        match &self.observed {
-            Some(observed) if self.term.is_none() && observed.holder().is_some() => {
+        match (&self.observed, self.vanished_until) {
+            (Some(observed), _) if self.term.is_none() && observed.holder().is_some() => {
                 next.min(observed.expires_at(&self.config))
             }
+            (None, Some(until)) if self.term.is_none() && until > Instant::now() => next.min(until),
             _ => next,
         }
     }
