@@ -255,6 +255,7 @@ impl WriteRate {
     }
 
     /// No limit.
+    #[cfg(test)]
     pub fn unlimited() -> Self {
         Self::new(0)
     }
