@@ -445,7 +445,10 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
         "",
     );
     for (who, cpu) in [
-        ("kube-apiserver", (|r: &PhaseResult| r.cpu.apiserver) as fn(&PhaseResult) -> f64),
+        (
+            "kube-apiserver",
+            (|r: &PhaseResult| r.cpu.apiserver) as fn(&PhaseResult) -> f64,
+        ),
         ("etcd", |r: &PhaseResult| r.cpu.etcd),
     ] {
         table.row(

@@ -322,7 +322,12 @@ pub enum Change {
 }
 
 impl Change {
-    pub async fn send(&self, client: &Client, namespace: &str, name: &str) -> Result<(), kube::Error> {
+    pub async fn send(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), kube::Error> {
         let api: Api<ExternalWorkload> = Api::namespaced(client.clone(), namespace);
         let params = PatchParams::default();
         match self {
