@@ -98,7 +98,7 @@ struct Setup {
 async fn run() {
     let started = Instant::now();
     let load_at_start = load_average();
-    warn_if_busy("start", &load_at_start);
+    warn_if_busy(&load_at_start).await;
     let seconds = env_usize("LATENCY_SECONDS", 30);
     let rates = env_list("LATENCY_RATES", &[50, 100, 200]);
     let reps = env_usize("LATENCY_REPS", 2).max(1);
@@ -246,23 +246,20 @@ async fn run() {
     }
     let load_at_end = load_average();
     println!("load average: start {load_at_start}, end {load_at_end}");
-    warn_if_busy("end", &load_at_end);
     progress(started, "done");
 }
 
-/// Prints a warning when the 1-minute load average says something else is running (the bench
-/// itself keeps about one core busy at the highest rate).
-fn warn_if_busy(when: &str, load: &str) {
-    let one_minute: f64 = load
-        .split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let bound = if when == "start" { 0.5 } else { cores };
-    if one_minute > bound {
+/// Prints a warning when something else is running: the machine's CPUs busy over 3 s before
+/// anything of the bench starts (the load average still counts the build `cargo bench` just
+/// finished, so it is printed but not judged). Each phase also reports the CPU of the other
+/// processes (see [`rows`]).
+async fn warn_if_busy(load: &str) {
+    let before = Processes::default().cpu();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let busy = Processes::default().cpu().since(&before).others() / 3.0;
+    if busy > 0.2 {
         println!(
-            "WARNING: load average {load} at the {when} ({cores} CPUs): something else is running; these figures are not from a quiet machine"
+            "WARNING: other processes keep {busy:.2} cores busy before the bench starts (load average {load}): these figures are not from a quiet machine"
         );
     }
 }
@@ -462,6 +459,23 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
             "ms",
             &per_change(&ours, cpu),
             "",
+        );
+    }
+    let others: Vec<f64> = ours
+        .iter()
+        .chain(&raw)
+        .map(|r| r.cpu.others() / r.issued.max(1.0))
+        .collect();
+    table.row(
+        &format!("{label}: CPU of other processes on the machine, every phase"),
+        "cores",
+        &others,
+        "≈ 0",
+    );
+    if others.iter().any(|cores| *cores > 0.2) {
+        println!(
+            "WARNING: at {label} other processes used up to {:.2} cores during a phase: these figures are not from a quiet machine",
+            others.iter().copied().fold(0.0, f64::max)
         );
     }
     let sent: Vec<f64> = ours.iter().chain(&raw).map(|r| r.sent as f64).collect();

@@ -42,12 +42,17 @@ pub struct Processes {
     pub etcd: Option<u32>,
 }
 
-/// CPU seconds of [`Processes`], at one moment or over a phase.
+/// CPU seconds of [`Processes`], of this bench process and of the whole machine, at one
+/// moment or over a phase.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu {
     pub leader: f64,
     pub apiserver: f64,
     pub etcd: f64,
+    /// This bench process (the change generator, the raw client, the watch).
+    pub bench: f64,
+    /// Every CPU of the machine, busy time (`/proc/stat`).
+    pub machine: f64,
 }
 
 // === impl Processes ===
@@ -59,6 +64,8 @@ impl Processes {
             leader: cpu_seconds(self.leader),
             apiserver: cpu_seconds(self.apiserver),
             etcd: cpu_seconds(self.etcd),
+            bench: cpu_seconds(Some(std::process::id())),
+            machine: machine_busy_seconds(),
         }
     }
 }
@@ -72,8 +79,36 @@ impl Cpu {
             leader: self.leader - before.leader,
             apiserver: self.apiserver - before.apiserver,
             etcd: self.etcd - before.etcd,
+            bench: self.bench - before.bench,
+            machine: self.machine - before.machine,
         }
     }
+
+    /// CPU time of everything else on the machine (other processes: another build, another
+    /// bench), over a phase.
+    pub fn others(&self) -> f64 {
+        (self.machine - self.leader - self.apiserver - self.etcd - self.bench).max(0.0)
+    }
+}
+
+/// Busy CPU seconds of the whole machine so far: user, nice, system, irq, softirq and steal
+/// time of the `cpu` line of `/proc/stat`.
+fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|line| line.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let fields: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy: f64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| fields.get(i))
+        .sum();
+    busy / clock_ticks()
 }
 
 /// The cumulative buckets of histogram `name` whose series contain `labels`: (upper bound,
