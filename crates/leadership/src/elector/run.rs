@@ -35,10 +35,13 @@ pub(super) struct Candidate<S> {
     watch_caught_up: bool,
 }
 
-/// The watch of the lease; restarted at the next poll when it ends.
+/// The watch of the lease; restarted at the next poll when it ends, and at once when it has
+/// delivered nothing for [`LeaseTimings::watch_stall_bound`](super::LeaseTimings::watch_stall_bound).
 struct Watch {
     changes: BoxStream<'static, Result<Option<Lease>, StoreError>>,
     open: bool,
+    /// When the stream was opened or last delivered a change.
+    last_seen: Instant,
 }
 
 /// What a watched change asks the loop to do.
@@ -87,10 +90,8 @@ impl<S: LeaseStore> Candidate<S> {
     pub(super) async fn run(mut self, stop: CancellationToken) -> Result<(), ElectorError> {
         info!("competing for the lease");
 
-        let mut watch = Watch {
-            changes: self.store.changes(),
-            open: true,
-        };
+        let mut watch = Watch::start(&self.store);
+        let stall_bound = self.config.timings().watch_stall_bound();
         let mut next_attempt = Instant::now();
         loop {
             let step_down_at = self.step_down_at();
@@ -108,8 +109,18 @@ impl<S: LeaseStore> Candidate<S> {
                         self.on_change(lease, &stop, &mut next_attempt).await;
                     }
                     if !watch.open {
-                        watch = Watch { changes: self.store.changes(), open: true };
+                        watch = Watch::start(&self.store);
                     }
+                }
+                () = sleep_until(watch.last_seen + stall_bound), if watch.open => {
+                    // A connection that stays open but passes nothing (a proxy or NAT that lost
+                    // it) would hide a release or a deletion of the lease for good.
+                    ElectorMetrics::count(&self.metrics.counters.watch_stalls);
+                    warn!(
+                        silent_for = ?stall_bound,
+                        "the lease watch delivered nothing for longer than its bound; restarting it",
+                    );
+                    watch = Watch::start(&self.store);
                 }
                 change = watch.next(), if watch.open => {
                     if let Some(lease) = change {
@@ -439,10 +450,21 @@ impl<S: LeaseStore> Candidate<S> {
 // === impl Watch ===
 
 impl Watch {
+    fn start<S: LeaseStore>(store: &S) -> Self {
+        Self {
+            changes: store.changes(),
+            open: true,
+            last_seen: Instant::now(),
+        }
+    }
+
     /// The next change; `None` for an error (logged) or the end of the stream (then closed).
     async fn next(&mut self) -> Option<Option<Lease>> {
         match self.changes.next().await {
-            Some(Ok(lease)) => Some(lease),
+            Some(Ok(lease)) => {
+                self.last_seen = Instant::now();
+                Some(lease)
+            }
             Some(Err(error)) => {
                 debug!(%error, "lease watch failed; polling continues");
                 None

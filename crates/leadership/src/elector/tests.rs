@@ -387,6 +387,53 @@ async fn deleted_lease_is_recreated_by_a_watching_follower_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_frozen_lease_watch_is_restarted_so_a_deletion_ends_the_term_at_once() {
+    let store = MemoryLeaseStore::new();
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&b_conn, "b");
+    sleep(RETRY).await;
+    assert!(current(&b).is_none(), "b follows");
+
+    // The leader's watch connection stays open but passes nothing; its renewals (separate
+    // requests) still work, so only the bound can find out.
+    a_conn.freeze_watches();
+    assert_eq!(
+        LeaseTimings::default().watch_stall_bound(),
+        LEASE_DURATION * 2
+    );
+    sleep(LEASE_DURATION * 2 + RETRY).await;
+    assert!(current(&a).is_some(), "a kept renewing");
+    assert_eq!(
+        a.metrics().watch_stalls(),
+        1,
+        "a's frozen watch was restarted once"
+    );
+    assert_eq!(b.metrics().watch_stalls(), 0, "b saw every renewal of a");
+
+    // Delete the lease right after a renewal, when a's next poll is as far away as it gets.
+    let writes = store.writes().len();
+    while store.writes().len() == writes {
+        sleep(Duration::from_millis(10)).await;
+    }
+    store.put(None);
+    // Within a millisecond, not at a's next poll (a RetryPeriod later): the restarted watch
+    // delivered the deletion, as the follower's did.
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        a.metrics().step_downs(),
+        1,
+        "a stopped leading at the deletion"
+    );
+    let leaders = [&a, &b]
+        .iter()
+        .filter(|handle| current(handle).is_some())
+        .count();
+    assert!(leaders <= 1, "at most one leader after the deletion");
+}
+
+#[tokio::test(start_paused = true)]
 async fn each_acquisition_starts_a_new_term() {
     let store = MemoryLeaseStore::new();
     let a_conn = store.connect();
