@@ -17,7 +17,8 @@
 //!    and stage histograms; after each controller phase every Service's slices must equal the
 //!    plan of the final objects.
 //! 3. **Initial publish** of `LATENCY_PUBLISH_SIZES` Services (fresh namespace, no slices): the
-//!    raw create rate, then a leader at each `LATENCY_PUBLISH_QPS` (`--write-qps`).
+//!    raw create rate, then a leader at each `LATENCY_PUBLISH_QPS` (`--write-qps`; the first
+//!    one only at the sizes after the first).
 //!
 //! `cargo bench -p external-endpoints --bench latency`. Knobs (environment): `LATENCY_SECONDS`
 //! (30, per phase), `LATENCY_RATES` (50,100,200), `LATENCY_REPS` (2), `LATENCY_STEP_RATES`
@@ -226,7 +227,14 @@ async fn run() {
     // 3. Initial publish.
     if !publish_sizes.is_empty() {
         let mut table = Table::default();
-        for &size in &publish_sizes {
+        for (n, &size) in publish_sizes.iter().enumerate() {
+            // Every --write-qps at the first size; the default only at the larger ones (a low
+            // setting there would only take longer to show the same cap).
+            let qps_list = if n == 0 {
+                &publish_qps[..]
+            } else {
+                &publish_qps[..1]
+            };
             let namespace = testbed
                 .fresh_namespace(&format!("bench-publish-{size}"))
                 .await
@@ -240,7 +248,7 @@ async fn run() {
                 workers,
                 started,
             };
-            publish::measure(&settings, &publish_qps, &mut table).await;
+            publish::measure(&settings, qps_list, &mut table).await;
         }
         table.print("initial publish on an empty namespace (slices created from nothing)");
     }
