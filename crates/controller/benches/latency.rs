@@ -23,7 +23,7 @@
 //! `cargo bench -p external-endpoints --bench latency`. Knobs (environment): `LATENCY_SECONDS`
 //! (30, per phase), `LATENCY_RATES` (50,100,200), `LATENCY_REPS` (2), `LATENCY_STEP_RATES`
 //! (400,800,1200,1600), `LATENCY_STEP_SECONDS` (10), `LATENCY_SERVICES` (1000),
-//! `LATENCY_WORKERS` (4), `LATENCY_PUBLISH_SIZES` (1000,10000; empty: none), `LATENCY_PUBLISH_QPS`
+//! `LATENCY_WORKERS` (4), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none), `LATENCY_PUBLISH_QPS`
 //! (500,100). The bench warns when the load average says something else runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
@@ -107,7 +107,10 @@ async fn run() {
     let step_seconds = env_usize("LATENCY_STEP_SECONDS", 10);
     let service_count = env_usize("LATENCY_SERVICES", 1000);
     let workers = env_usize("LATENCY_WORKERS", 4);
-    let publish_sizes = env_list("LATENCY_PUBLISH_SIZES", &[1000, 10000]);
+    let publish_sizes: Vec<usize> = env_list("LATENCY_PUBLISH_SIZES", &[1000, 10000])
+        .into_iter()
+        .filter(|size| *size > 0)
+        .collect();
     let publish_qps = env_list("LATENCY_PUBLISH_QPS", &[500, 100]);
 
     let testbed = testbed::Testbed::start(testbed::Options::default())
