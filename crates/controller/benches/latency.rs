@@ -404,6 +404,20 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
         );
     }
     for (name, quantile) in [("p50", 0.5), ("p99", 0.99)] {
+        // The raw latency starts at its update's answer; ours includes our own update's round
+        // trip (the `write` stage), which this shows for the raw client's updates.
+        let requests: Vec<f64> = raw
+            .iter()
+            .map(|r| ms(load::quantile(&r.requests, quantile)))
+            .collect();
+        table.row(
+            &format!(
+                "{label}: raw client's slice update, request → answer, {name} (in ours as the write stage)"
+            ),
+            "ms",
+            &requests,
+            "",
+        );
         let inside: Vec<f64> = at
             .ours
             .iter()

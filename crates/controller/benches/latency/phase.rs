@@ -49,6 +49,9 @@ pub struct PhaseResult {
     pub lost: usize,
     /// Answer → slice event, seconds, sorted.
     pub latencies: Vec<f64>,
+    /// The change's own request → answer (a workload PATCH, or the raw client's slice update),
+    /// seconds, sorted.
+    pub requests: Vec<f64>,
     /// Seconds it took to send every change (the rate was kept when close to the phase length).
     pub issued: f64,
     /// CPU over the phase (sending and the wait for the last change).
@@ -71,6 +74,7 @@ struct InFlight {
 struct Tracking {
     in_flight: HashMap<Id, InFlight>,
     latencies: Vec<f64>,
+    requests: Vec<f64>,
 }
 
 /// Numbers every change's new address and zone: unique across phases, so no change is a no-op.
@@ -236,6 +240,7 @@ pub async fn run(
         let (client, shared, failed) = (client.clone(), tracking.clone(), failed.clone());
         let slice = raw_slices[&owner[&id]].clone();
         tasks.push(tokio::spawn(async move {
+            let sending = Instant::now();
             let result = match mode {
                 Mode::Controller => change.send(&client, &id.0, &id.1).await,
                 Mode::Raw => update_slice(&client, &slice, &id.1, &expected).await,
@@ -245,6 +250,7 @@ pub async fn run(
             let mut tracking = shared.lock();
             match result {
                 Ok(()) => {
+                    tracking.requests.push((now - sending).as_secs_f64());
                     let done = match tracking.in_flight.get_mut(&id) {
                         Some(change) => {
                             change.acked = Some(now);
@@ -277,11 +283,16 @@ pub async fn run(
     let cpu = processes.cpu().since(&cpu_before);
     let load_after = load_average();
     watch.abort();
-    let (lost, mut latencies) = {
+    let (lost, mut latencies, mut requests) = {
         let tracking = tracking.lock();
-        (tracking.in_flight.len(), tracking.latencies.clone())
+        (
+            tracking.in_flight.len(),
+            tracking.latencies.clone(),
+            tracking.requests.clone(),
+        )
     };
     latencies.sort_by(f64::total_cmp);
+    requests.sort_by(f64::total_cmp);
     progress(
         started,
         format!(
@@ -294,6 +305,7 @@ pub async fn run(
         failed: failed.load(Ordering::Relaxed),
         lost,
         latencies,
+        requests,
         issued,
         cpu,
         load_before,
