@@ -27,6 +27,7 @@ pub mod measure;
 mod metrics;
 mod reconcile;
 mod store;
+mod timing;
 mod watch;
 mod writer;
 
@@ -51,12 +52,13 @@ use crate::{
     handlers::ServiceGate,
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
+    timing::Stage,
     watch::{
         fresh::{self, CachedCount, Freshness, ReadVersion},
         health::{Command, KindHealth, version_number},
         source::{Source, WatchCounters},
     },
-    writer::KubeWrites,
+    writer::{KubeWrites, WriteRate},
 };
 
 /// Everything the controller is configured with.
@@ -76,6 +78,8 @@ pub struct ControllerConfig {
     /// restarted, counted, and the replica is not ready meanwhile. Each watch asks the server for
     /// a timeout of half this, so a healthy watch hears a bookmark well within it.
     pub stall_bound: Duration,
+    /// Most slice writes per second, across workers (0: no limit but the workers' count).
+    pub write_qps: u32,
 }
 
 /// Why the controller stopped with an error.
@@ -159,6 +163,7 @@ impl Controller {
             api,
             diagnostics: Diagnostics::default(),
             metrics: metrics.clone(),
+            write_rate: WriteRate::new(config.write_qps),
             stale_limit: config.stale_limit,
         });
         let app = App::new(SliceReconciler(shared), freshness, metrics.clone());
@@ -333,8 +338,12 @@ impl Watches {
             cache,
             controller.caches.interner.clone(),
             health,
-            move |change| {
-                gate.dispatch(|context| handler(context, &change));
+            move |change, received: tokio::time::Instant| {
+                gate.dispatch(|context| {
+                    handler(context, &change);
+                    let timing = context.state().timing.metrics();
+                    timing.observe(Stage::event_to_key, received.elapsed());
+                });
             },
             stop.clone(),
         );

@@ -56,6 +56,11 @@ pub struct Args {
     #[arg(long, env = "WORKERS", default_value = "4", value_parser = parse_workers, allow_negative_numbers = true)]
     pub workers: NonZeroU16,
 
+    /// Most EndpointSlice writes per second, across all workers (a token bucket holding one
+    /// second of writes); 0 for no limit but the number of workers.
+    #[arg(long, env = "WRITE_QPS", default_value_t = 500)]
+    pub write_qps: u32,
+
     /// Maximum endpoints in one EndpointSlice (1..=1000).
     #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
     pub max_endpoints_per_slice: usize,
@@ -250,6 +255,7 @@ mod tests {
         assert_eq!(args.renew_deadline, Duration::from_secs(10));
         assert_eq!(args.retry_period, Duration::from_secs(2));
         assert_eq!(args.workers.get(), 4);
+        assert_eq!(args.write_qps, 500);
         assert_eq!(args.max_endpoints_per_slice, 100);
         assert_eq!(args.managed_by, "linkerd-external-workloads-controller");
         assert_eq!(args.slice_prefix, "linkerd-external-");

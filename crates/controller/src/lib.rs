@@ -77,6 +77,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
         stale_limit: Duration::from_secs(30),
         namespace: args.watch_namespace.clone(),
         stall_bound: args.watch_stall_timeout,
+        write_qps: args.write_qps,
     }
 }
 

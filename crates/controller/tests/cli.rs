@@ -180,7 +180,7 @@ fn help_explains_every_flag_with_its_default() {
     assert_eq!(output.status.code(), Some(0));
     let help = String::from_utf8(output.stdout).unwrap();
     // (flag, its default as --help prints it; None where the fallback is described instead).
-    let flags: [(&str, Option<&str>); 21] = [
+    let flags: [(&str, Option<&str>); 22] = [
         ("--kubeconfig", None),
         ("--context", None),
         ("--watch-namespace", None),
@@ -191,6 +191,7 @@ fn help_explains_every_flag_with_its_default() {
         ("--renew-deadline", Some("10s")),
         ("--retry-period", Some("2s")),
         ("--workers", Some("4")),
+        ("--write-qps", Some("500")),
         ("--max-endpoints-per-slice", Some("100")),
         (
             "--managed-by",

@@ -364,6 +364,16 @@ impl Testbed {
         &self.etcd_url
     }
 
+    /// The process id of `server` (for its CPU time in `/proc`), while it runs.
+    pub fn pid(&self, server: Server) -> Option<u32> {
+        let name = server_name(server);
+        self.servers
+            .lock()
+            .iter_mut()
+            .find(|process| process.name() == name)
+            .and_then(|process| process.pid())
+    }
+
     /// Whether kube-controller-manager runs (see [`Options::controller_manager`]).
     pub fn has_controller_manager(&self) -> bool {
         self.logs
