@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 use super::{
     ElectorError, ElectorMetrics,
     config::LeaseConfig,
+    coordinated::{self, Decision, Mode},
     record::{self, Observed},
 };
 use crate::{
@@ -33,6 +34,9 @@ pub(super) struct Candidate<S> {
     written_version: Option<String>,
     /// Whether the watch has delivered our last write (so later events are newer than it).
     watch_caught_up: bool,
+    /// Whether this candidate takes the lease itself or waits to be named by the API server's
+    /// election controller (Coordinated Leader Election).
+    mode: Mode,
 }
 
 /// The watch of the lease; restarted at the next poll when it ends.
@@ -60,6 +64,8 @@ enum StepDown {
     /// A record without us was seen (409 or watch) and could not be re-read.
     Unconfirmed,
     Released,
+    /// Coordinated mode: the election controller prefers another holder.
+    Yielded,
 }
 
 // === impl Candidate ===
@@ -80,7 +86,14 @@ impl<S: LeaseStore> Candidate<S> {
             term: None,
             written_version: None,
             watch_caught_up: false,
+            mode: Mode::Compete,
         }
+    }
+
+    /// Sets how this candidate becomes leader (see [`Mode`]).
+    pub(super) fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// Competes until `stop` is cancelled, then releases the lease if held.
@@ -240,6 +253,10 @@ impl<S: LeaseStore> Candidate<S> {
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
         let Some(lease) = current else {
+            if self.mode == Mode::Coordinated {
+                // The election controller creates the lease.
+                return;
+            }
             let lease = record::new_lease(&self.config);
             return match self.store.create(lease).await {
                 Ok(created) => self.renewed(created, started),
@@ -250,7 +267,14 @@ impl<S: LeaseStore> Candidate<S> {
         if self.held_by_other(Instant::now()) {
             return;
         }
-        let claimed = record::claim(lease, &self.config);
+        let claimed = match self.mode.decide(&lease, self.config.identity()) {
+            Decision::Claim if self.mode == Mode::Coordinated => {
+                coordinated::claim_named(lease, &self.config, self.term.is_none())
+            }
+            Decision::Claim => record::claim(lease, &self.config),
+            Decision::Wait => return,
+            Decision::Yield => return self.yield_lease(lease).await,
+        };
         match self.store.replace(claimed).await {
             Ok(replaced) => self.renewed(replaced, started),
             Err(StoreError::Conflict) => self.confirm_holder().await,
@@ -286,6 +310,9 @@ impl<S: LeaseStore> Candidate<S> {
         }
         self.observe(lease, now);
         let leading = self.term.is_some();
+        if let Some(reaction) = self.react_coordinated(leading) {
+            return reaction;
+        }
         let holder = self.observed.as_ref().and_then(Observed::holder);
         let named = holder == Some(self.config.identity());
         match (leading, holder, named) {
@@ -298,6 +325,43 @@ impl<S: LeaseStore> Candidate<S> {
             }
             // Maybe an event from before our last write: ask the API server.
             (true, _, false) => Reaction::ConfirmHolder,
+        }
+    }
+
+    /// Coordinated mode: a candidate never takes a free or expired lease; it renews at once
+    /// when the election controller names it (the controller's record is valid for only a few
+    /// seconds), and a leader yields at once when another holder is preferred. `None` leaves the
+    /// usual checks (another holder, no holder) to [`react`](Self::react).
+    fn react_coordinated(&mut self, leading: bool) -> Option<Reaction> {
+        if self.mode != Mode::Coordinated {
+            return None;
+        }
+        let decision = self
+            .observed
+            .as_ref()
+            .map(|observed| self.mode.decide(&observed.lease, self.config.identity()));
+        match (leading, decision) {
+            (true, Some(Decision::Yield)) => {
+                self.step_down(StepDown::Yielded);
+                Some(Reaction::AttemptNow)
+            }
+            (true, _) => None,
+            (false, Some(Decision::Claim | Decision::Yield)) => Some(Reaction::AttemptNow),
+            (false, _) => Some(Reaction::Nothing),
+        }
+    }
+
+    /// Coordinated mode: the election controller prefers another holder, so stop leading, then
+    /// clear the holder (guarded by resourceVersion) so that the controller names the preferred
+    /// one at once instead of waiting for our record to expire. The term ends before the write.
+    async fn yield_lease(&mut self, lease: Lease) {
+        self.step_down(StepDown::Yielded);
+        match self.store.replace(record::release(lease)).await {
+            Ok(released) => {
+                info!("yielded the lease to the preferred holder");
+                self.observe(Some(released), Instant::now());
+            }
+            Err(error) => debug!(%error, "yielding the lease failed; retrying at the next attempt"),
         }
     }
 
@@ -378,7 +442,7 @@ impl<S: LeaseStore> Candidate<S> {
         let Some(term) = self.term.take() else {
             return;
         };
-        if !matches!(reason, StepDown::Released) {
+        if !matches!(reason, StepDown::Released | StepDown::Yielded) {
             ElectorMetrics::count(&self.metrics.counters.step_downs);
         }
         warn!(term = term.id(), ?reason, "stopped leading");
