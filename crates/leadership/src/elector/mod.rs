@@ -83,6 +83,10 @@ pub enum ElectorError {
     /// The elector task panicked. Not retryable: exit the process.
     #[error("the elector task panicked: {0}")]
     Panicked(String),
+    /// Coordinated mode cannot run with this configuration (the identity cannot name a
+    /// LeaseCandidate). Not retryable: fix the configuration.
+    #[error(transparent)]
+    Candidate(#[from] CandidateError),
 }
 
 // === impl LeaseElector ===
@@ -101,7 +105,7 @@ impl LeaseElector<KubeLeaseStore> {
         client: Client,
         config: LeaseConfig,
         candidate: CandidateConfig,
-    ) -> Result<Self, CandidateError> {
+    ) -> Self {
         let candidates =
             KubeLeaseCandidateStore::new(client.clone(), config.namespace(), config.identity());
         Self::for_client(client, config).coordinated(candidate, candidates)
@@ -127,23 +131,21 @@ impl<S: LeaseStore> LeaseElector<S> {
     /// `coordination.k8s.io/v1beta1` API are on): the elector publishes its LeaseCandidate
     /// through `candidates` and leads only when the election controller names it holder, instead
     /// of taking a free or expired Lease; it makes way when another holder is preferred.
-    /// Renewals, terms and fencing are unchanged. Fails when the identity cannot name a
-    /// LeaseCandidate.
+    /// Renewals, terms and fencing are unchanged.
+    ///
+    /// The identity names the LeaseCandidate, so it must be a valid name
+    /// ([`CandidateConfig::check_identity`]); if it is not, the spawned elector ends at once
+    /// with [`ElectorError::Candidate`] (reported by [`ElectorHandle::lost`]).
     pub fn coordinated(
         mut self,
         candidate: CandidateConfig,
         candidates: impl LeaseCandidateStore,
-    ) -> Result<Self, CandidateError> {
-        if !coordinated::valid_candidate_name(self.config.identity()) {
-            return Err(CandidateError::InvalidIdentity(
-                self.config.identity().to_owned(),
-            ));
-        }
+    ) -> Self {
         self.coordination = Some(coordinated::Coordination {
             config: candidate,
             store: Box::new(candidates),
         });
-        Ok(self)
+        self
     }
 
     /// The configuration in use.

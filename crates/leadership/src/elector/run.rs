@@ -454,7 +454,12 @@ impl<S: LeaseStore> Candidate<S> {
         self.check_deadline(Instant::now());
         let next = started + self.config.timings().retry_period();
         match &self.observed {
-            Some(observed) if self.term.is_none() && observed.holder().is_some() => {
+            // A coordinated candidate never takes an expired lease: nothing to do at expiry.
+            Some(observed)
+                if self.term.is_none()
+                    && observed.holder().is_some()
+                    && self.mode == Mode::Compete =>
+            {
                 next.min(observed.expires_at(&self.config))
             }
             _ => next,

@@ -149,6 +149,16 @@ impl CandidateConfig {
     pub fn emulation_version(&self) -> &str {
         &self.emulation_version
     }
+
+    /// Checks that `identity` can name this replica's LeaseCandidate (the election controller
+    /// names the Lease holder after the candidate): letters, digits, `-`, `_`, `.`, at most 253.
+    pub fn check_identity(&self, identity: &str) -> Result<(), CandidateError> {
+        if valid_candidate_name(identity) {
+            Ok(())
+        } else {
+            Err(CandidateError::InvalidIdentity(identity.to_owned()))
+        }
+    }
 }
 
 // === impl Mode ===
@@ -204,6 +214,7 @@ pub(in crate::elector) async fn run<S: LeaseStore>(
     publisher: Publisher,
     stop: CancellationToken,
 ) -> Result<(), ElectorError> {
+    publisher.check_identity()?;
     let elector_stop = CancellationToken::new();
     let elector = candidate.run(elector_stop.clone());
     let publishing = publisher.run(stop.clone());
@@ -239,7 +250,7 @@ fn core_version(version: &str) -> Option<(u64, u64, u64)> {
 }
 
 /// Whether `identity` can name a LeaseCandidate (the API server checks names as ConfigMap keys).
-pub(in crate::elector) fn valid_candidate_name(identity: &str) -> bool {
+fn valid_candidate_name(identity: &str) -> bool {
     !identity.is_empty()
         && identity.len() <= 253
         && identity

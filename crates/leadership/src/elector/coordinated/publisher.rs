@@ -20,7 +20,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{CandidateConfig, LeaseCandidateStore, OLDEST_EMULATION_VERSION};
+use super::{CandidateConfig, CandidateError, LeaseCandidateStore, OLDEST_EMULATION_VERSION};
 use crate::{elector::config::LeaseConfig, store::StoreError};
 
 /// How often the LeaseCandidate is renewed without being pinged (client-go's interval).
@@ -60,6 +60,11 @@ impl Publisher {
             store,
             delete_timeout: lease.timings().retry_period(),
         }
+    }
+
+    /// Checks that the identity can name the LeaseCandidate.
+    pub(in crate::elector) fn check_identity(&self) -> Result<(), CandidateError> {
+        self.config.check_identity(&self.name)
     }
 
     /// Creates and renews the LeaseCandidate until `stop`, then deletes it (bounded).
