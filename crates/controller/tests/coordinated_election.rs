@@ -254,8 +254,13 @@ async fn leader_whose_lease_names_another_stops_at_once_and_fences() {
     // The controller still prefers the older version: `new` leads only until it yields, then
     // `old` leads again under a new term; the first term's fence stays closed.
     let again = eventually("old leads again", ELECTED, || async {
-        current(&old)
-            .ok_or_else(|| format!("holder {:?}", holder(&lease(&client, &namespace).await)))
+        match current(&old) {
+            Some(term) => Ok(term),
+            None => Err(format!(
+                "holder {:?}",
+                holder(&lease(&client, &namespace).await)
+            )),
+        }
     })
     .await;
     assert!(again.id() > term.id());
@@ -306,5 +311,9 @@ async fn controller_flag_publishes_its_candidate_and_leads_when_elected() {
         .get(harness::LEASE)
         .await
         .unwrap();
-    assert_eq!(record.spec.unwrap().holder_identity, None, "released");
+    assert_eq!(
+        record.spec.unwrap().holder_identity.as_deref(),
+        Some(""),
+        "released"
+    );
 }

@@ -356,7 +356,7 @@ impl<S: LeaseStore> Candidate<S> {
     /// one at once instead of waiting for our record to expire. The term ends before the write.
     async fn yield_lease(&mut self, lease: Lease) {
         self.step_down(StepDown::Yielded);
-        match self.store.replace(record::release(lease)).await {
+        match self.store.replace(self.mode.release(lease)).await {
             Ok(released) => {
                 info!("yielded the lease to the preferred holder");
                 self.observe(Some(released), Instant::now());
@@ -495,7 +495,7 @@ impl<S: LeaseStore> Candidate<S> {
             if record::holder(&lease) != Some(self.config.identity()) {
                 return Ok(false);
             }
-            match self.store.replace(record::release(lease)).await {
+            match self.store.replace(self.mode.release(lease)).await {
                 Ok(_) => return Ok(true),
                 Err(StoreError::Conflict) => continue,
                 Err(error) => return Err(error),

@@ -182,6 +182,21 @@ impl Mode {
             _ => Decision::Claim,
         }
     }
+
+    /// Gives the lease up ([`record::release`]). In coordinated mode the holder is written as
+    /// an empty string, as client-go does, never left out: kube-apiserver 1.37's election
+    /// controller dereferences `spec.holderIdentity` without a nil check when it compares
+    /// holders (leaderelection_controller.go, `expiredAndNewHolder` / `differentHolder`), and a
+    /// Lease without the field crashes the whole API server at its next election.
+    pub(in crate::elector) fn release(self, lease: Lease) -> Lease {
+        let mut lease = record::release(lease);
+        if self == Mode::Coordinated
+            && let Some(spec) = lease.spec.as_mut()
+        {
+            spec.holder_identity = Some(String::new());
+        }
+        lease
+    }
 }
 
 // === impl Coordination ===
