@@ -8,7 +8,11 @@ use std::time::Duration;
 
 use harness::{CONVERGE, Replica, eventually};
 use k8s_openapi::{
-    api::coordination::{v1::Lease, v1beta1::LeaseCandidate},
+    api::{
+        authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+        coordination::{v1::Lease, v1beta1::LeaseCandidate},
+        rbac::v1::{Role, RoleBinding},
+    },
     apimachinery::pkg::apis::meta::v1::MicroTime,
     jiff::Timestamp,
 };
@@ -316,4 +320,88 @@ async fn controller_flag_publishes_its_candidate_and_leads_when_elected() {
         Some(""),
         "released"
     );
+}
+
+/// The Role and RoleBinding of `deploy/rbac.yaml` for the Lease, moved into `namespace`.
+fn lease_rbac_in(namespace: &str) -> (Role, RoleBinding) {
+    use k8s_openapi::serde::Deserialize;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/rbac.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut role = None;
+    let mut binding = None;
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(document).unwrap();
+        match value["kind"].as_str() {
+            Some("Role") => role = Some(serde_yaml::from_value::<Role>(value).unwrap()),
+            Some("RoleBinding") => {
+                binding = Some(serde_yaml::from_value::<RoleBinding>(value).unwrap());
+            }
+            _ => {}
+        }
+    }
+    let (mut role, mut binding) = (role.unwrap(), binding.unwrap());
+    role.metadata.namespace = Some(namespace.into());
+    binding.metadata.namespace = Some(namespace.into());
+    for subject in binding.subjects.iter_mut().flatten() {
+        subject.namespace = Some(namespace.into());
+    }
+    (role, binding)
+}
+
+async fn allowed(client: &Client, user: &str, namespace: &str, verb: &str) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("coordination.k8s.io".into()),
+                resource: Some("leasecandidates".into()),
+                namespace: Some(namespace.into()),
+                verb: Some(verb.into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    answer.status.is_some_and(|status| status.allowed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deployed_rbac_allows_lease_candidates_in_the_lease_namespace_only() {
+    let Some(plane) = plane().await else { return };
+    let _logs = plane.log_guard();
+    let client = plane.client().await.unwrap();
+    let home = plane.fresh_namespace("cle-rbac").await.unwrap();
+    let elsewhere = plane.fresh_namespace("cle-rbac-other").await.unwrap();
+    let (role, binding) = lease_rbac_in(&home);
+    let account = binding.subjects.as_ref().unwrap()[0].name.clone();
+    Api::<Role>::namespaced(client.clone(), &home)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), &home)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    let user = format!("system:serviceaccount:{home}:{account}");
+    for verb in ["get", "list", "watch", "create", "update", "delete"] {
+        eventually(&format!("{verb} leasecandidates"), CONVERGE, || async {
+            if allowed(&client, &user, &home, verb).await {
+                Ok(())
+            } else {
+                Err("denied".to_string())
+            }
+        })
+        .await;
+
+        assert!(
+            !allowed(&client, &user, &elsewhere, verb).await,
+            "{verb} allowed outside the lease namespace"
+        );
+    }
 }
