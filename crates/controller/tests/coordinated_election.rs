@@ -3,6 +3,7 @@
 //! `--runtime-config=coordination.k8s.io/v1beta1=true`): the library's coordinated elector
 //! in-process with chosen versions (rolling upgrade, hand-over, yield, fencing), and the
 //! binary's `--coordinated-election` flag.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
 
 use std::time::Duration;
 
