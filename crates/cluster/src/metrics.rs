@@ -272,6 +272,12 @@ impl Collector for LeadershipCollector {
         )?;
         counter(
             &mut encoder,
+            "lease_watch_stalls",
+            "Lease watches that delivered nothing for twice the lease duration and were restarted",
+            self.elector.watch_stalls(),
+        )?;
+        counter(
+            &mut encoder,
             "fenced_writes",
             "Writes refused because the term was over or the lease not safely held",
             self.fence.fenced(),

@@ -26,7 +26,10 @@ use std::{sync::Arc, time::Duration};
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::health::{Command, KindHealth};
+use super::{
+    backoff::Backoff,
+    health::{Command, KindHealth},
+};
 
 /// How long a probe may take before the kind is re-listed instead.
 pub const PROBE_WAIT: Duration = Duration::from_secs(5);
@@ -103,14 +106,13 @@ async fn up_to_date(kind: &Kind) -> Proof {
         return Proof::Relisted;
     }
     let read = &kind.read;
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let version = loop {
         match read().await {
             Ok(version) => break version,
             Err(error) => {
                 tracing::warn!(kind = health.kind(), %error, "cannot read the current version; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(backoff.next()).await;
             }
         }
     };

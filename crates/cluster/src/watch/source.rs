@@ -28,7 +28,10 @@ use kube::{
 use prometheus_client::metrics::counter::Counter;
 use tokio::{sync::mpsc, time::Instant};
 
-use super::health::{Command, KindHealth, version_number};
+use super::{
+    backoff::Backoff,
+    health::{Command, KindHealth, version_number},
+};
 
 /// Objects per page of a paged list.
 const PAGE_SIZE: u32 = 500;
@@ -115,11 +118,6 @@ struct Paging {
     answers: u64,
 }
 
-/// Exponential backoff between failed attempts: 200 ms doubling to 30 s, reset by success.
-struct Backoff {
-    next: Duration,
-}
-
 /// Why opening a stream or reading a page failed.
 type OpenError = kube::Error;
 
@@ -151,7 +149,7 @@ where
             paging: None,
             pending: VecDeque::new(),
             stalls_in_a_row: 0,
-            backoff: Backoff::new(),
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
             back_off: false,
         }
     }
@@ -508,27 +506,6 @@ fn gone(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 410)
 }
 
-// === impl Backoff ===
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(200);
-    const MAX: Duration = Duration::from_secs(30);
-
-    fn new() -> Self {
-        Self { next: Self::FIRST }
-    }
-
-    fn next(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,18 +533,5 @@ mod tests {
             server_timeout(Duration::from_secs(2)),
             PROBE_TIMEOUT_SECONDS
         );
-    }
-
-    #[test]
-    fn backoff_doubles_to_its_cap_and_resets() {
-        let mut backoff = Backoff::new();
-        assert_eq!(backoff.next(), Duration::from_millis(200));
-        assert_eq!(backoff.next(), Duration::from_millis(400));
-        for _ in 0..20 {
-            backoff.next();
-        }
-        assert_eq!(backoff.next(), Duration::from_secs(30));
-        backoff.reset();
-        assert_eq!(backoff.next(), Duration::from_millis(200));
     }
 }

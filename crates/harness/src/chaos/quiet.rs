@@ -3,7 +3,7 @@
 //!
 //! - Watches stalled: the connection stays open, the API server keeps sending, the replica
 //!   gets no byte (issue 16: a Lease renewed, `/ready` 200, every change lost for minutes).
-//!   The replicas run with a short stall bound ([`STALL_BOUND`], [`stall_args`]): a watch
+//!   The replicas run with a short stall bound ([`stall_bound`], [`stall_args`]): a watch
 //!   silent for longer is restarted. On the leader, every change made during the stall lands
 //!   within the bound + [`HEAL_SLACK`]; on the followers, the one that takes over when the
 //!   leader dies converges in its first term, its watches still stalled.
@@ -28,8 +28,16 @@ use crate::{
 };
 
 /// The replicas' watch stall bound in these faults (`--watch-stall-timeout`): a watch that
-/// delivers nothing (no event, no bookmark) for longer is restarted.
-pub const STALL_BOUND: Duration = Duration::from_secs(10);
+/// delivers nothing (no event, no bookmark) for longer is restarted. 10 s, short so the tests
+/// stay quick; `QUIET_STALL_BOUND=<seconds>` sets another (e.g. 30, the controller's default,
+/// to measure what an operator gets).
+pub fn stall_bound() -> Duration {
+    let seconds = std::env::var("QUIET_STALL_BOUND")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(10);
+    Duration::from_secs(seconds)
+}
 
 /// How late after the stall bound a change made during a stall may land: the restarted watch,
 /// the reconcile and its writes, on a loaded machine.
@@ -44,11 +52,11 @@ pub enum Whose {
     Followers,
 }
 
-/// The flags that give replicas the stall bound [`STALL_BOUND`] (for [`World::extra`]).
+/// The flags that give replicas the stall bound [`stall_bound`] (for [`World::extra`]).
 pub fn stall_args() -> Vec<String> {
     vec![
         "--watch-stall-timeout".to_string(),
-        format!("{}s", STALL_BOUND.as_secs()),
+        format!("{}s", stall_bound().as_secs()),
     ]
 }
 
@@ -61,7 +69,7 @@ pub async fn watch_stalls(replica: &Replica) -> f64 {
 
 /// The leader's watch streams freeze (each keeps its connection, none gets another byte) while
 /// the client makes its changes. The leader counts a stall, keeps its term, and every change
-/// shows in the slices within [`STALL_BOUND`] + [`HEAL_SLACK`] of the freeze (so of being
+/// shows in the slices within [`stall_bound`] + [`HEAL_SLACK`] of the freeze (so of being
 /// made), with the frozen streams still open.
 pub async fn leader_watches_stalled(world: &mut World<'_>, members: &mut [Member]) {
     let replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
@@ -77,10 +85,10 @@ pub async fn leader_watches_stalled(world: &mut World<'_>, members: &mut [Member
     let churn = world.churn(CHANGES);
     let (model, last) = churn.finish().await;
     world.model = model;
-    let deadline = frozen + STALL_BOUND + HEAL_SLACK;
-    let what = format!(
-        "every change made during the stall to show within {STALL_BOUND:?} + {HEAL_SLACK:?}"
-    );
+    let bound = stall_bound();
+    let deadline = frozen + bound + HEAL_SLACK;
+    let what =
+        format!("every change made during the stall to show within {bound:?} + {HEAL_SLACK:?}");
     let timeout = deadline.saturating_duration_since(Instant::now());
     let (cluster, model) = (&world.cluster, &world.model);
     eventually(&what, timeout, || async {
@@ -92,7 +100,7 @@ pub async fn leader_watches_stalled(world: &mut World<'_>, members: &mut [Member
     })
     .await;
     eprintln!(
-        "leader's watches stalled: every change shows {:?} after the stall began",
+        "leader's watches stalled: every change shows {:?} after the stall began (bound {bound:?})",
         frozen.elapsed()
     );
     assert!(

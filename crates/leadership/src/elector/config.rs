@@ -117,6 +117,18 @@ impl LeaseTimings {
         self.retry_period
     }
 
+    /// How long the lease watch may deliver nothing before it is restarted: twice LeaseDuration.
+    ///
+    /// A healthy watch is never silent that long. While anyone holds the lease it is renewed
+    /// every RetryPeriod; a free lease is taken by a polling candidate within RetryPeriod; an
+    /// abandoned one is taken over once LeaseDuration has passed. Restarting a watch that was
+    /// merely idle costs one request; a watch frozen without an error (a proxy or NAT that lost
+    /// the connection) would otherwise hide a release or a deletion of the lease until the API
+    /// server's own watch timeout, or for ever.
+    pub fn watch_stall_bound(&self) -> Duration {
+        self.lease_duration * 2
+    }
+
     /// LeaseDuration as written into the Lease (whole seconds, rounded up).
     pub fn lease_duration_seconds(&self) -> i32 {
         self.lease_duration_seconds

@@ -71,6 +71,7 @@ struct Counters {
     acquisitions: AtomicU64,
     renew_failures: AtomicU64,
     step_downs: AtomicU64,
+    watch_stalls: AtomicU64,
 }
 
 /// Why the elector stopped on its own.
@@ -299,6 +300,12 @@ impl ElectorMetrics {
     /// How many terms ended other than by release (deadline passed or another holder seen).
     pub fn step_downs(&self) -> u64 {
         self.counters.step_downs.load(Ordering::Relaxed)
+    }
+
+    /// How many times the lease watch was restarted for delivering nothing for longer than
+    /// [`LeaseTimings::watch_stall_bound`].
+    pub fn watch_stalls(&self) -> u64 {
+        self.counters.watch_stalls.load(Ordering::Relaxed)
     }
 
     fn count(counter: &AtomicU64) {

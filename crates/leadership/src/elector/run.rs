@@ -34,15 +34,21 @@ pub(super) struct Candidate<S> {
     written_version: Option<String>,
     /// Whether the watch has delivered our last write (so later events are newer than it).
     watch_caught_up: bool,
+    /// When the lease was deleted while another holder's term ran: when that term would have
+    /// expired. Until then we do not re-create the lease (see [`Candidate::observe`]).
+    vanished_until: Option<Instant>,
     /// Whether this candidate takes the lease itself or waits to be named by the API server's
     /// election controller (Coordinated Leader Election).
     mode: Mode,
 }
 
-/// The watch of the lease; restarted at the next poll when it ends.
+/// The watch of the lease; restarted at the next poll when it ends, and at once when it has
+/// delivered nothing for [`LeaseTimings::watch_stall_bound`](super::LeaseTimings::watch_stall_bound).
 struct Watch {
     changes: BoxStream<'static, Result<Option<Lease>, StoreError>>,
     open: bool,
+    /// When the stream was opened or last delivered a change.
+    last_seen: Instant,
 }
 
 /// What a watched change asks the loop to do.
@@ -86,6 +92,7 @@ impl<S: LeaseStore> Candidate<S> {
             term: None,
             written_version: None,
             watch_caught_up: false,
+            vanished_until: None,
             mode: Mode::Compete,
         }
     }
@@ -100,10 +107,8 @@ impl<S: LeaseStore> Candidate<S> {
     pub(super) async fn run(mut self, stop: CancellationToken) -> Result<(), ElectorError> {
         info!("competing for the lease");
 
-        let mut watch = Watch {
-            changes: self.store.changes(),
-            open: true,
-        };
+        let mut watch = Watch::start(&self.store);
+        let stall_bound = self.config.timings().watch_stall_bound();
         let mut next_attempt = Instant::now();
         loop {
             let step_down_at = self.step_down_at();
@@ -121,8 +126,18 @@ impl<S: LeaseStore> Candidate<S> {
                         self.on_change(lease, &stop, &mut next_attempt).await;
                     }
                     if !watch.open {
-                        watch = Watch { changes: self.store.changes(), open: true };
+                        watch = Watch::start(&self.store);
                     }
+                }
+                () = sleep_until(watch.last_seen + stall_bound), if watch.open => {
+                    // A connection that stays open but passes nothing (a proxy or NAT that lost
+                    // it) would hide a release or a deletion of the lease for good.
+                    ElectorMetrics::count(&self.metrics.counters.watch_stalls);
+                    warn!(
+                        silent_for = ?stall_bound,
+                        "the lease watch delivered nothing for longer than its bound; restarting it",
+                    );
+                    watch = Watch::start(&self.store);
                 }
                 change = watch.next(), if watch.open => {
                     if let Some(lease) = change {
@@ -253,8 +268,8 @@ impl<S: LeaseStore> Candidate<S> {
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
         let Some(lease) = current else {
-            if self.mode == Mode::Coordinated {
-                // The election controller creates the lease.
+            // In coordinated mode the election controller creates the lease.
+            if self.mode == Mode::Coordinated || self.vanished_claim_runs(Instant::now()) {
                 return;
             }
             let lease = record::new_lease(&self.config);
@@ -316,6 +331,7 @@ impl<S: LeaseStore> Candidate<S> {
         let holder = self.observed.as_ref().and_then(Observed::holder);
         let named = holder == Some(self.config.identity());
         match (leading, holder, named) {
+            (false, None, _) if self.vanished_claim_runs(now) => Reaction::Nothing,
             (false, None, _) => Reaction::AttemptNow,
             (false, Some(_), _) | (true, _, true) => Reaction::Nothing,
             // A record without us, newer than our last write: the lease is lost.
@@ -386,8 +402,30 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
+    /// Records what the API server showed. A lease deleted while another holder's term ran does
+    /// not end that term at once: the holder may not know yet (its watch may lag or be
+    /// reconnecting) and keeps acting until its next poll, so a candidate that re-created the
+    /// lease at once could lead beside it. The deleted record's claim stands until RenewDeadline
+    /// after we last saw it change (a holder with our timings stops acting RenewDeadline after
+    /// its last successful renewal, which we saw no earlier than it happened), or until it would
+    /// have expired if that is sooner. The holder itself, told by its watch or its next poll,
+    /// steps down and may re-create the lease at once. A release (holder cleared, written by the
+    /// holder) is still taken at once.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
+        match (&lease, &self.observed) {
+            (None, Some(previous)) if previous.held_by_other(&self.config, now) => {
+                let acting_until = previous.changed_at + self.config.timings().renew_deadline();
+                self.vanished_until = Some(previous.expires_at(&self.config).min(acting_until));
+            }
+            (Some(_), _) => self.vanished_until = None,
+            (None, _) => {}
+        }
         self.observed = lease.map(|lease| Observed::update(self.observed.take(), lease, now));
+    }
+
+    /// Whether a deleted lease's last holder may still be acting (see [`Candidate::observe`]).
+    fn vanished_claim_runs(&self, now: Instant) -> bool {
+        self.vanished_until.is_some_and(|until| until > now)
     }
 
     fn held_by_other(&self, now: Instant) -> bool {
@@ -453,15 +491,15 @@ impl<S: LeaseStore> Candidate<S> {
     fn next_attempt_after(&mut self, started: Instant) -> Instant {
         self.check_deadline(Instant::now());
         let next = started + self.config.timings().retry_period();
-        match &self.observed {
-            // A coordinated candidate never takes an expired lease: nothing to do at expiry.
-            Some(observed)
-                if self.term.is_none()
-                    && observed.holder().is_some()
-                    && self.mode == Mode::Compete =>
-            {
+        // A coordinated candidate never takes an expired or vanished lease: nothing to do then.
+        if self.mode == Mode::Coordinated {
+            return next;
+        }
+        match (&self.observed, self.vanished_until) {
+            (Some(observed), _) if self.term.is_none() && observed.holder().is_some() => {
                 next.min(observed.expires_at(&self.config))
             }
+            (None, Some(until)) if self.term.is_none() && until > Instant::now() => next.min(until),
             _ => next,
         }
     }
@@ -508,10 +546,21 @@ impl<S: LeaseStore> Candidate<S> {
 // === impl Watch ===
 
 impl Watch {
+    fn start<S: LeaseStore>(store: &S) -> Self {
+        Self {
+            changes: store.changes(),
+            open: true,
+            last_seen: Instant::now(),
+        }
+    }
+
     /// The next change; `None` for an error (logged) or the end of the stream (then closed).
     async fn next(&mut self) -> Option<Option<Lease>> {
         match self.changes.next().await {
-            Some(Ok(lease)) => Some(lease),
+            Some(Ok(lease)) => {
+                self.last_seen = Instant::now();
+                Some(lease)
+            }
             Some(Err(error)) => {
                 debug!(%error, "lease watch failed; polling continues");
                 None

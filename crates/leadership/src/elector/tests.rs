@@ -376,14 +376,109 @@ async fn expiry_is_judged_by_local_observation_and_foreign_fields_are_kept() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn deleted_lease_is_recreated_by_a_watching_follower_at_once() {
+async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() {
     let store = MemoryLeaseStore::new();
     store.put(Some(holder_lease("old", Timestamp::now())));
     let a = candidate(&store.connect(), "a");
+    let seen = Instant::now();
     sleep(Duration::from_millis(500)).await;
     assert!(current(&a).is_none());
     store.put(None);
+    // "old" may not know yet and keep acting until its next poll: its claim stands until
+    // RenewDeadline after a saw it change (a holder stops acting by then without a renewal).
+    sleep_until(seen + RENEW_DEADLINE - Duration::from_millis(10)).await;
+    assert!(
+        current(&a).is_none(),
+        "a waited out the deleted record's claim"
+    );
+    let led = wait_leading(&a, true, Duration::from_millis(20)).await;
+    assert!(led >= seen + RENEW_DEADLINE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_learns_of_a_deletion_late_never_leads_beside_a_follower() {
+    let store = MemoryLeaseStore::new();
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = candidate(&a_conn, "a");
     wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&b_conn, "b");
+    sleep(RETRY).await;
+
+    // The leader's watch passes nothing (within its bound) when the lease is deleted right
+    // after a renewal: it learns of it at its next poll, a RetryPeriod later. The follower
+    // learns at once and must not lead meanwhile.
+    a_conn.freeze_watches();
+    let writes = store.writes().len();
+    while store.writes().len() == writes {
+        sleep(Duration::from_millis(10)).await;
+    }
+    store.put(None);
+    let deleted = Instant::now();
+    while Instant::now() < deleted + LEASE_DURATION * 2 {
+        assert!(
+            current(&a).is_none() || current(&b).is_none(),
+            "a and b led at once {:?} after the deletion",
+            Instant::now() - deleted
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        a.metrics().step_downs(),
+        1,
+        "a stopped leading at its next poll"
+    );
+    let holder = spec(&store)
+        .holder_identity
+        .expect("the lease was re-created");
+    let leader = if holder == "a" { &a } else { &b };
+    assert!(current(leader).is_some(), "{holder} leads");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frozen_lease_watch_is_restarted_so_a_deletion_ends_the_term_at_once() {
+    let store = MemoryLeaseStore::new();
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = candidate(&a_conn, "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&b_conn, "b");
+    sleep(RETRY).await;
+    assert!(current(&b).is_none(), "b follows");
+
+    // The leader's watch connection stays open but passes nothing; its renewals (separate
+    // requests) still work, so only the bound can find out.
+    a_conn.freeze_watches();
+    assert_eq!(
+        LeaseTimings::default().watch_stall_bound(),
+        LEASE_DURATION * 2
+    );
+    sleep(LEASE_DURATION * 2 + RETRY).await;
+    assert!(current(&a).is_some(), "a kept renewing");
+    assert_eq!(
+        a.metrics().watch_stalls(),
+        1,
+        "a's frozen watch was restarted once"
+    );
+    assert_eq!(b.metrics().watch_stalls(), 0, "b saw every renewal of a");
+
+    // Delete the lease right after a renewal, when a's next poll is as far away as it gets.
+    let writes = store.writes().len();
+    while store.writes().len() == writes {
+        sleep(Duration::from_millis(10)).await;
+    }
+    store.put(None);
+    // Within a millisecond, not at a's next poll (a RetryPeriod later): the restarted watch
+    // delivered the deletion, as the follower's did.
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        a.metrics().step_downs(),
+        1,
+        "a stopped leading at the deletion"
+    );
+    let leaders = [&a, &b]
+        .iter()
+        .filter(|handle| current(handle).is_some())
+        .count();
+    assert!(leaders <= 1, "at most one leader after the deletion");
 }
 
 #[tokio::test(start_paused = true)]

@@ -37,6 +37,8 @@ struct Faults {
     latency_ms: AtomicU64,
     calls: AtomicU64,
     blind: AtomicBool,
+    /// Bumped by [`MemoryLeaseStore::freeze_watches`]: streams opened before stop yielding.
+    watch_epoch: AtomicU64,
     panic_next: AtomicBool,
     intrusion: Mutex<Option<Lease>>,
 }
@@ -114,6 +116,13 @@ impl MemoryLeaseStore {
     /// (a watch that is down), so only polling sees changes.
     pub fn blind(&self, blind: bool) {
         self.faults.blind.store(blind, Ordering::SeqCst);
+    }
+
+    /// Freezes every [`changes`](LeaseStore::changes) stream of this connection opened so far: it
+    /// stays open but never yields again (a connection a proxy stopped passing bytes on, without
+    /// closing it). Streams opened afterwards work.
+    pub fn freeze_watches(&self) {
+        self.faults.watch_epoch.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Makes the next get/create/replace call of this connection panic (a bug in the elector's
@@ -235,10 +244,18 @@ impl LeaseStore for MemoryLeaseStore {
         // Like a watch: the current state first, then every change (intermediate states may be
         // coalesced, which a real watch can also do after a reconnect).
         receiver.mark_changed();
-        futures::stream::unfold(receiver, |mut receiver| async move {
-            receiver.changed().await.ok()?;
-            let lease = receiver.borrow_and_update().clone();
-            Some((Ok(lease), receiver))
+        let faults = self.faults.clone();
+        let epoch = faults.watch_epoch.load(Ordering::SeqCst);
+        futures::stream::unfold(receiver, move |mut receiver| {
+            let faults = faults.clone();
+            async move {
+                receiver.changed().await.ok()?;
+                if faults.watch_epoch.load(Ordering::SeqCst) != epoch {
+                    return futures::future::pending().await;
+                }
+                let lease = receiver.borrow_and_update().clone();
+                Some((Ok(lease), receiver))
+            }
         })
         .boxed()
     }
