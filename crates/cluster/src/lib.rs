@@ -37,7 +37,10 @@ use api::v1beta1::ExternalWorkload;
 use futures::FutureExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, api::ListParams, runtime::events::Reporter};
-use leadership::{KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
+use leadership::{
+    CandidateConfig, KubeLeaseStore, LeaseConfig, LeaseElector, Runtime, RuntimeConfig,
+    RuntimeError,
+};
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
 use tokio::{sync::mpsc, task::JoinSet};
@@ -68,6 +71,9 @@ pub struct ControllerConfig {
     pub slices: slices::Config,
     /// The Lease and its timings.
     pub lease: LeaseConfig,
+    /// Coordinated Leader Election: the versions this replica announces in its LeaseCandidate;
+    /// `None`: replicas take the Lease themselves.
+    pub coordinated: Option<CandidateConfig>,
     /// Workers, drain timeout, fence margin, resync period, queue pacing.
     pub runtime: RuntimeConfig,
     /// How long a Service may wait on a cache that does not catch up with this term's writes.
@@ -168,7 +174,14 @@ impl Controller {
         });
         let app = App::new(SliceReconciler(shared), freshness, metrics.clone());
         let runtime = Runtime::new(config.runtime.clone(), app);
-        let elector = LeaseElector::for_client(client.clone(), config.lease.clone());
+        let elector = match &config.coordinated {
+            Some(candidate) => LeaseElector::coordinated_for_client(
+                client.clone(),
+                config.lease.clone(),
+                candidate.clone(),
+            ),
+            None => LeaseElector::for_client(client.clone(), config.lease.clone()),
+        };
         registry.register_collector(Box::new(LeadershipCollector {
             elector: elector.metrics(),
             fence: runtime.fence_metrics(),

@@ -66,6 +66,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
     ControllerConfig {
         slices: settings.slices.clone(),
         lease: settings.lease.clone(),
+        coordinated: settings.coordinated.clone(),
         runtime: RuntimeConfig {
             workers: args.workers.into(),
             drain_timeout: args.drain_timeout,

@@ -101,8 +101,8 @@ pub mod term;
 
 pub use self::{
     elector::{
-        ConfigError, ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseElector,
-        LeaseTimings,
+        CandidateConfig, CandidateError, ConfigError, ElectorError, ElectorHandle, ElectorMetrics,
+        KubeLeaseCandidateStore, LeaseCandidateStore, LeaseConfig, LeaseElector, LeaseTimings,
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Gate, TermContext},

@@ -43,6 +43,7 @@
 mod assets;
 mod audit;
 mod certs;
+mod coordinated;
 mod crds;
 mod error;
 mod process;
@@ -61,6 +62,7 @@ use kube::{Api, Client, Config};
 
 pub use crate::assets::{Binaries, CACHE_ENV, Versions};
 pub use crate::audit::AuditEvent;
+pub use crate::coordinated::COORDINATED_LEADER_ELECTION_ARGS;
 pub use crate::error::TestbedError;
 use crate::process::Supervised;
 pub use crate::servers::SERVICE_CIDRS;
