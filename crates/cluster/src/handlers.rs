@@ -15,7 +15,11 @@ use parking_lot::Mutex;
 use slices::{CachedService, CachedSlice, CachedWorkload, ServiceKey, Tracker, affected};
 use tokio::time::Instant;
 
-use crate::{caches::Caches, store::Change};
+use crate::{
+    caches::Caches,
+    store::Change,
+    timing::{Timing, TimingMetrics},
+};
 
 /// The dispatch-only handle of this controller's handlers.
 pub type ServiceDispatcher = Dispatcher<ServiceKey, TermState>;
@@ -24,7 +28,6 @@ pub type ServiceDispatcher = Dispatcher<ServiceKey, TermState>;
 pub type Context = TermContext<ServiceKey, TermState>;
 
 /// Per-term state: built fresh for every term (the stale-tracker scenario, docs/slices.md).
-#[derive(Default)]
 pub struct TermState {
     /// What this term wrote and deleted: the slice handler skips our own writes coming back,
     /// the reconcile waits until the cache shows them.
@@ -32,12 +35,33 @@ pub struct TermState {
     /// Since when each Service has been waiting on a cache behind this term's writes (the
     /// reconcile gives up waiting after its stale limit).
     pub stale_since: Mutex<HashMap<ServiceKey, Instant>>,
+    /// Each queued key's trigger and the time it spends in each stage.
+    pub timing: Timing,
+}
+
+// === impl TermState ===
+
+impl TermState {
+    /// Fresh state for a term, timing into `metrics`.
+    pub fn new(metrics: TimingMetrics) -> Self {
+        Self {
+            tracker: Mutex::default(),
+            stale_since: Mutex::default(),
+            timing: Timing::new(metrics),
+        }
+    }
+}
+
+/// Queues `key` for a change seen now.
+fn trigger(context: &Context, key: ServiceKey) {
+    context.state().timing.triggered(&key, Instant::now());
+    context.enqueue(key);
 }
 
 /// A Service change names that Service (add, update and delete alike).
 pub fn on_service(context: &Context, change: &Change<CachedService>) {
     if let Some(service) = change.new.as_ref().or(change.old.as_ref()) {
-        context.enqueue(affected::for_service(service));
+        trigger(context, affected::for_service(service));
     }
 }
 
@@ -50,11 +74,13 @@ pub fn on_workload(context: &Context, caches: &Caches, change: &Change<CachedWor
     }
     let services = candidates.iter().map(Arc::as_ref);
     for key in affected::for_workload(change.old.as_deref(), change.new.as_deref(), services) {
-        context.enqueue(key);
+        trigger(context, key);
     }
 }
 
 /// A managed slice change names its Service, unless it is this term's own write coming back.
+/// Our own write coming back wakes its Service at once if a reconcile of it found the cache
+/// behind this term's writes (instead of waiting for the stale retry).
 pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<CachedSlice>) {
     let keys = {
         let mut tracker = context.state().tracker.lock();
@@ -66,7 +92,26 @@ pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<Cach
             &tracker,
         )
     };
+    if keys.is_empty() {
+        if let Some(slice) = change.new.as_deref().or(change.old.as_deref()) {
+            own_write_seen(context, slice);
+        }
+        return;
+    }
     for key in keys {
+        trigger(context, key);
+    }
+}
+
+/// Our own write (or delete) of `slice` came back through the watch.
+fn own_write_seen(context: &Context, slice: &CachedSlice) {
+    let timing = &context.state().timing;
+    timing.echoed(&slice.namespace, &slice.name);
+    let Some(service) = slice.labels.get(slices::SERVICE_NAME_LABEL) else {
+        return;
+    };
+    let key = ServiceKey::new(&*slice.namespace, service);
+    if timing.waits_for_cache(&key) {
         context.enqueue(key);
     }
 }

@@ -27,6 +27,7 @@ pub mod measure;
 mod metrics;
 mod reconcile;
 mod store;
+mod timing;
 mod watch;
 mod writer;
 
@@ -36,7 +37,9 @@ use api::v1beta1::ExternalWorkload;
 use futures::FutureExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, api::ListParams, runtime::events::Reporter};
-use leadership::{LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError};
+use leadership::{
+    CandidateConfig, LeaseConfig, LeaseElector, Runtime, RuntimeConfig, RuntimeError,
+};
 use prometheus_client::registry::Registry;
 use slices::{MANAGED_BY_LABEL, ServiceKey};
 use tokio::{sync::mpsc, task::JoinSet};
@@ -51,12 +54,13 @@ use crate::{
     handlers::ServiceDispatcher,
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
+    timing::Stage,
     watch::{
         fresh::{self, CachedCount, Freshness, ReadVersion},
         health::{Command, KindHealth, version_number},
         source::{Source, WatchCounters},
     },
-    writer::KubeWrites,
+    writer::{KubeWrites, WriteRate},
 };
 
 /// Everything the controller is configured with.
@@ -66,6 +70,9 @@ pub struct ControllerConfig {
     pub slices: slices::Config,
     /// The Lease and its timings.
     pub lease: LeaseConfig,
+    /// Coordinated Leader Election: the versions this replica announces in its LeaseCandidate;
+    /// `None`: replicas take the Lease themselves.
+    pub coordinated: Option<CandidateConfig>,
     /// Workers, drain timeout, fence margin, resync period, queue pacing.
     pub runtime: RuntimeConfig,
     /// How long a Service may wait on a cache that does not catch up with this term's writes.
@@ -76,6 +83,8 @@ pub struct ControllerConfig {
     /// restarted, counted, and the replica is not ready meanwhile. Each watch asks the server for
     /// a timeout of half this, so a healthy watch hears a bookmark well within it.
     pub stall_bound: Duration,
+    /// Most slice writes per second, across workers (0: no limit but the workers' count).
+    pub write_qps: u32,
 }
 
 /// Why the controller stopped with an error.
@@ -159,11 +168,19 @@ impl Controller {
             api,
             diagnostics: Diagnostics::default(),
             metrics: metrics.clone(),
+            write_rate: WriteRate::new(config.write_qps),
             stale_limit: config.stale_limit,
         });
         let app = App::new(SliceReconciler(shared), freshness, metrics.clone());
         let runtime = Runtime::new(config.runtime.clone(), app);
-        let elector = LeaseElector::for_client(client.clone(), config.lease.clone());
+        let elector = match &config.coordinated {
+            Some(candidate) => LeaseElector::coordinated_for_client(
+                client.clone(),
+                config.lease.clone(),
+                candidate.clone(),
+            ),
+            None => LeaseElector::for_client(client.clone(), config.lease.clone()),
+        };
         registry.register_collector(Box::new(LeadershipCollector {
             elector: elector.metrics(),
             fence: runtime.fence_metrics(),
@@ -333,8 +350,12 @@ impl Watches {
             cache,
             controller.caches.interner.clone(),
             health,
-            move |change| {
-                dispatcher.dispatch(|context| handler(context, &change));
+            move |change, received: tokio::time::Instant| {
+                dispatcher.dispatch(|context| {
+                    handler(context, &change);
+                    let timing = context.state().timing.metrics();
+                    timing.observe(Stage::event_to_key, received.elapsed());
+                });
             },
             stop.clone(),
         );

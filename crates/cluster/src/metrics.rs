@@ -16,6 +16,8 @@ use prometheus_client::{
 use leadership::{ElectorMetrics, FenceMetrics, Leadership, QueueMetrics};
 use slices::ProblemKind;
 
+use crate::timing::TimingMetrics;
+
 /// Counters and histograms the reconcile path updates.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -40,6 +42,8 @@ pub struct Metrics {
     /// How long the last acquisition barrier took (acquired → caches shown up to date).
     pub acquire_barrier_seconds:
         prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Change seen → write answered, and the time spent in each stage between.
+    pub timing: TimingMetrics,
 }
 
 /// How a reconcile ended.
@@ -150,6 +154,7 @@ impl Metrics {
             watch_relists: Family::default(),
             watch_stalls: Family::default(),
             acquire_barrier_seconds: Default::default(),
+            timing: TimingMetrics::new(),
         };
         // Every bounded label value starts at zero, so a rate() or an absence check works
         // before the first event.
@@ -216,6 +221,19 @@ impl Metrics {
             "Time the last acquired term waited for every cache to be shown up to date with the \
              API server before its replay",
             metrics.acquire_barrier_seconds.clone(),
+        );
+        registry.register(
+            "sync_latency_seconds",
+            "Time from a change seen by this replica's watch (the trigger time written to the \
+             endpoints.kubernetes.io/last-change-trigger-time annotation) to the API's answer to \
+             the last write that published it",
+            metrics.timing.sync_latency.clone(),
+        );
+        registry.register(
+            "stage_seconds",
+            "Time a change spends in each stage between the watch event and the write's answer, \
+             by stage (diagnostics)",
+            metrics.timing.stages.clone(),
         );
         metrics
     }

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use leadership::{Action, Fenced, TermContext};
 use slices::{CachedSlice, CachedWorkload, Freshness, ServiceKey, plan_cached};
 use tokio::time::Instant;
@@ -15,7 +15,8 @@ use crate::{
     events::Diagnostics,
     handlers,
     metrics::{Metrics, Outcome, OutcomeLabels},
-    writer::{WriteApi, WriteError, write_plan},
+    timing::{Began, Stage, Timing, Wait},
+    writer::{Pass, WriteApi, WriteError, WriteRate, write_plan},
 };
 
 /// How soon a Service is looked at again when the cache has not caught up with our writes.
@@ -39,6 +40,8 @@ pub struct Shared<W> {
     pub diagnostics: Diagnostics,
     /// Metrics.
     pub metrics: Metrics,
+    /// The client-side limit of slice writes per second.
+    pub write_rate: WriteRate,
     /// How long a Service may wait on a cache that never catches up before the tracker's
     /// records for it are dropped (a safety valve; it should never be reached).
     pub stale_limit: Duration,
@@ -54,7 +57,7 @@ impl<W: WriteApi> leadership::Reconciler for SliceReconciler<W> {
     type Error = ReconcileError;
 
     fn start_term(&self, _term: &leadership::Term) -> TermState {
-        TermState::default()
+        TermState::new(self.0.metrics.timing.clone())
     }
 
     fn replay(&self, context: &TermContext<ServiceKey, TermState>) {
@@ -86,11 +89,18 @@ pub async fn reconcile<W: WriteApi>(
 ) -> Result<Action, ReconcileError> {
     // The runtime runs this inside its `reconcile{key=ns/name term=N}` span.
     let started = Instant::now();
-    let result = reconcile_inner(&key, &context, &shared).await;
+    let timing = &context.state().timing;
+    let began = timing.begin(&key);
+    let result = reconcile_inner(&key, &context, &shared, &began).await;
     let outcome = match &result {
         Ok(passed) => passed.metric(),
         Err(_) => Outcome::Error,
     };
+    timing.end(
+        &key,
+        began,
+        result.as_ref().map_or(Some(Wait::Retry), |p| p.wait()),
+    );
     shared
         .metrics
         .reconcile_duration
@@ -134,6 +144,16 @@ impl ReconcileOutcome {
         }
     }
 
+    /// Why the key runs again, if it does (None: its changes are published, or the term is
+    /// over).
+    fn wait(self) -> Option<Wait> {
+        match self {
+            ReconcileOutcome::Done | ReconcileOutcome::TermEnded => None,
+            ReconcileOutcome::Stale => Some(Wait::Stale),
+            ReconcileOutcome::NotSafelyHeld | ReconcileOutcome::Conflict => Some(Wait::Retry),
+        }
+    }
+
     /// What the queue does with the key next.
     fn action(self) -> Action {
         match self {
@@ -150,12 +170,15 @@ async fn reconcile_inner<W: WriteApi>(
     key: &ServiceKey,
     context: &TermContext<ServiceKey, TermState>,
     shared: &Shared<W>,
+    began: &Began,
 ) -> Result<ReconcileOutcome, ReconcileError> {
     let state = context.state();
+    let planning = Instant::now();
     let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
         // Deleted: its slices go by garbage collection (owner reference).
         state.tracker.lock().forget(key);
         state.stale_since.lock().remove(key);
+        state.timing.forget(key);
         tracing::debug!("service gone; forgetting it");
         return Ok(ReconcileOutcome::Done);
     };
@@ -185,8 +208,19 @@ async fn reconcile_inner<W: WriteApi>(
 
     let candidates = shared.caches.candidate_workloads(&service);
     let workloads: Vec<&CachedWorkload> = candidates.iter().map(Arc::as_ref).collect();
-    let now = Time(Timestamp::now());
-    let plan = plan_cached(&service, &workloads, &existing, &shared.config, &now);
+    // The annotation carries when the change was seen, not when it was planned.
+    let trigger_time = Time(Timing::trigger_time(began));
+    let plan = plan_cached(
+        &service,
+        &workloads,
+        &existing,
+        &shared.config,
+        &trigger_time,
+    );
+    shared
+        .metrics
+        .timing
+        .observe(Stage::plan, planning.elapsed());
 
     shared
         .diagnostics
@@ -204,17 +238,18 @@ async fn reconcile_inner<W: WriteApi>(
         return Ok(ReconcileOutcome::Done);
     }
     let fence = context.fence();
-    match write_plan(
-        &shared.api,
+    let pass = Pass {
+        api: &shared.api,
         key,
-        &plan,
         fence,
-        &state.tracker,
-        &shared.metrics,
-    )
-    .await
-    {
+        tracker: &state.tracker,
+        metrics: &shared.metrics,
+        rate: &shared.write_rate,
+        timing: &state.timing,
+    };
+    match write_plan(&pass, &plan).await {
         Ok(written) => {
+            state.timing.published(began);
             tracing::info!(
                 created = written.created,
                 updated = written.updated,

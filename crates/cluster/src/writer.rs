@@ -25,7 +25,12 @@ use leadership::{Fence, Fenced};
 use parking_lot::Mutex;
 use slices::{ServiceKey, SlicePlan, Tracker, Write};
 
-use crate::metrics::{Metrics, Operation};
+use tokio::time::Instant;
+
+use crate::{
+    metrics::{Metrics, Operation},
+    timing::{Stage, Timing},
+};
 
 /// The API calls the controller writes with. The Kubernetes implementation is [`KubeWrites`];
 /// tests substitute one that records calls and injects faults at exact points.
@@ -210,18 +215,92 @@ impl WriteError {
     }
 }
 
-/// Sends `plan`'s writes for `key`, fenced, recording each accepted write in `tracker`.
+/// One pass of writes for one Service: where to send them and what to record.
+pub struct Pass<'a, W> {
+    /// The API.
+    pub api: &'a W,
+    /// The Service.
+    pub key: &'a ServiceKey,
+    /// Checked immediately before each call.
+    pub fence: &'a Fence,
+    /// Records each accepted write.
+    pub tracker: &'a Mutex<Tracker>,
+    /// Counts writes and their errors.
+    pub metrics: &'a Metrics,
+    /// The client-side write rate limit, waited for before each call.
+    pub rate: &'a WriteRate,
+    /// Times each call and remembers when it was answered.
+    pub timing: &'a Timing,
+}
+
+/// The client-side limit of slice writes per second, shared by every worker (a token bucket
+/// holding one second of writes: a burst of `qps`, then `qps` per second). Unlimited when
+/// built with 0.
+#[derive(Debug)]
+pub struct WriteRate {
+    qps: f64,
+    bucket: Mutex<(f64, Instant)>,
+}
+
+// === impl WriteRate ===
+
+impl WriteRate {
+    /// At most `qps` writes per second (0: no limit).
+    pub fn new(qps: u32) -> Self {
+        let qps = f64::from(qps);
+        Self {
+            qps,
+            bucket: Mutex::new((qps, Instant::now())),
+        }
+    }
+
+    /// No limit.
+    #[cfg(test)]
+    pub fn unlimited() -> Self {
+        Self::new(0)
+    }
+
+    /// Waits until one more write is allowed; returns how long it waited.
+    pub async fn acquire(&self) -> Duration {
+        if self.qps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let debt = {
+            let now = Instant::now();
+            let mut bucket = self.bucket.lock();
+            let (tokens, updated_at) = &mut *bucket;
+            let refill = now.saturating_duration_since(*updated_at).as_secs_f64() * self.qps;
+            *tokens = (*tokens + refill).min(self.qps.max(1.0)) - 1.0;
+            *updated_at = now;
+            *tokens
+        };
+        if debt >= 0.0 {
+            return Duration::ZERO;
+        }
+        let wait = Duration::from_secs_f64(-debt / self.qps);
+        tokio::time::sleep(wait).await;
+        wait
+    }
+}
+
+/// Sends `plan`'s writes for the pass's Service, fenced, recording each accepted write in the
+/// tracker.
 ///
 /// Returns the first error after sending every create and update it could; deletes are skipped
 /// once anything failed. A fenced write stops the pass at once.
 pub async fn write_plan<W: WriteApi>(
-    api: &W,
-    key: &ServiceKey,
+    pass: &Pass<'_, W>,
     plan: &SlicePlan,
-    fence: &Fence,
-    tracker: &Mutex<Tracker>,
-    metrics: &Metrics,
 ) -> Result<Written, WriteError> {
+    let Pass {
+        api,
+        key,
+        fence,
+        tracker,
+        metrics,
+        rate,
+        timing,
+    } = pass;
     let namespace = key.namespace.as_str();
     let mut written = Written::default();
     let mut first_error = None;
@@ -229,8 +308,12 @@ pub async fn write_plan<W: WriteApi>(
         if first_error.is_some() && matches!(write, Write::Delete(_)) {
             break;
         }
+        metrics
+            .timing
+            .observe(Stage::rate_limited, rate.acquire().await);
         // Immediately before the call: a deposed leader writes nothing.
         fence.check()?;
+        let sending = Instant::now();
         let (operation, slice, sent, count) = match write {
             Write::Create(slice) => (
                 Operation::Create,
@@ -245,14 +328,20 @@ pub async fn write_plan<W: WriteApi>(
                 &mut written.updated,
             ),
             Write::Delete(slice) => {
-                delete(api, key, slice, tracker, metrics).await?;
+                let deleted = delete(*api, key, slice, tracker, metrics).await;
+                metrics.timing.observe(Stage::write, sending.elapsed());
+                deleted?;
                 written.deleted += 1;
                 continue;
             }
         };
+        metrics.timing.observe(Stage::write, sending.elapsed());
         match sent {
             Ok(stored) => {
                 tracker.lock().record_write(key, &stored);
+                if let Some(name) = stored.metadata.name.as_deref() {
+                    timing.wrote(namespace, name);
+                }
                 metrics.count_write(operation);
                 *count += 1;
                 tracing::debug!(

@@ -6,7 +6,9 @@
 use std::{net::SocketAddr, num::NonZeroU16, path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum, error::ErrorKind};
-use leadership::{LeaseConfig, LeaseConfigError, LeaseTimings, RuntimeConfig};
+use leadership::{
+    CandidateConfig, CandidateError, LeaseConfig, LeaseConfigError, LeaseTimings, RuntimeConfig,
+};
 
 /// Publishes EndpointSlices for Services that select ExternalWorkloads.
 ///
@@ -52,9 +54,26 @@ pub struct Args {
     #[arg(long, default_value = "2s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub retry_period: Duration,
 
+    /// Coordinated Leader Election (KEP-4355): publish a LeaseCandidate and lead only when the
+    /// API server's election controller names this replica (the oldest version leads during a
+    /// rolling upgrade). Needs the API server's CoordinatedLeaderElection feature gate and the
+    /// coordination.k8s.io/v1beta1 API; off: replicas take the Lease themselves.
+    #[arg(long, env = "COORDINATED_ELECTION")]
+    pub coordinated_election: bool,
+
+    /// With --coordinated-election: the emulation version announced in the LeaseCandidate
+    /// (MAJOR.MINOR.PATCH, not newer than the binary's own version); defaults to the binary's.
+    #[arg(long, env = "EMULATION_VERSION")]
+    pub emulation_version: Option<String>,
+
     /// Number of Services reconciled concurrently.
     #[arg(long, env = "WORKERS", default_value = "4", value_parser = parse_workers, allow_negative_numbers = true)]
     pub workers: NonZeroU16,
+
+    /// Most EndpointSlice writes per second, across all workers (a token bucket holding one
+    /// second of writes); 0 for no limit but the number of workers.
+    #[arg(long, env = "WRITE_QPS", default_value_t = 500)]
+    pub write_qps: u32,
 
     /// Maximum endpoints in one EndpointSlice (1..=1000).
     #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
@@ -116,6 +135,8 @@ pub struct Settings {
     pub slices: slices::Config,
     /// The leadership runtime's settings (workers, drain, fence margin, resync).
     pub runtime: RuntimeConfig,
+    /// The versions announced in the LeaseCandidate, with `--coordinated-election`.
+    pub coordinated: Option<CandidateConfig>,
 }
 
 // === impl Args ===
@@ -166,6 +187,7 @@ impl Args {
             self.slice_prefix.clone(),
         )
         .map_err(|error| slice_flags_error(&error))?;
+        let coordinated = self.candidate_config(&lease)?;
         let runtime = RuntimeConfig::builder()
             .workers(self.workers.get().into())
             .drain_timeout(self.drain_timeout)
@@ -179,8 +201,33 @@ impl Args {
             args: self,
             lease,
             slices,
+            coordinated,
             runtime,
         })
+    }
+
+    /// The LeaseCandidate versions: the binary version is this build's, the emulation version
+    /// the flag's or the same.
+    fn candidate_config(&self, lease: &LeaseConfig) -> Result<Option<CandidateConfig>, String> {
+        if !self.coordinated_election {
+            return match self.emulation_version {
+                Some(_) => Err("--emulation-version needs --coordinated-election".into()),
+                None => Ok(None),
+            };
+        }
+        let binary = env!("CARGO_PKG_VERSION");
+        let emulation = self.emulation_version.as_deref().unwrap_or(binary);
+        let config = CandidateConfig::new(binary, emulation).map_err(|error| match error {
+            CandidateError::InvalidVersion { .. }
+            | CandidateError::EmulationNewerThanBinary { .. } => {
+                format!("--emulation-version: {error}")
+            }
+            CandidateError::InvalidIdentity(_) => format!("--identity: {error}"),
+        })?;
+        config
+            .check_identity(lease.identity())
+            .map_err(|error| format!("--identity: {error}"))?;
+        Ok(Some(config))
     }
 }
 
@@ -264,11 +311,63 @@ mod tests {
         assert_eq!(args.renew_deadline, Duration::from_secs(10));
         assert_eq!(args.retry_period, Duration::from_secs(2));
         assert_eq!(args.workers.get(), 4);
+        assert_eq!(args.write_qps, 500);
         assert_eq!(args.max_endpoints_per_slice, 100);
         assert_eq!(args.managed_by, "linkerd-external-workloads-controller");
         assert_eq!(args.slice_prefix, "linkerd-external-");
         assert_eq!(args.resync_period, Duration::from_secs(600));
         assert!(args.validate(None).is_ok());
+    }
+
+    #[test]
+    fn coordinated_election_is_off_by_default_and_announces_the_build_version() {
+        let settings = parse(&["--identity", "a"]).unwrap().validate(None).unwrap();
+        assert_eq!(settings.coordinated, None);
+
+        let settings = parse(&["--identity", "a", "--coordinated-election"])
+            .unwrap()
+            .validate(None)
+            .unwrap();
+        let candidate = settings.coordinated.unwrap();
+        assert_eq!(candidate.binary_version(), env!("CARGO_PKG_VERSION"));
+        assert_eq!(candidate.emulation_version(), env!("CARGO_PKG_VERSION"));
+
+        let settings = parse(&[
+            "--identity",
+            "a",
+            "--coordinated-election",
+            "--emulation-version",
+            "0.0.1",
+        ])
+        .unwrap()
+        .validate(None)
+        .unwrap();
+        assert_eq!(settings.coordinated.unwrap().emulation_version(), "0.0.1");
+    }
+
+    #[test]
+    fn coordinated_election_refuses_bad_versions_and_identities() {
+        let refused = |extra: &[&str]| {
+            let mut argv = vec!["--coordinated-election"];
+            argv.extend_from_slice(extra);
+            parse(&argv).unwrap().validate(None).unwrap_err()
+        };
+        assert!(
+            refused(&["--identity", "a", "--emulation-version", "1.x"])
+                .contains("--emulation-version")
+        );
+        assert!(
+            refused(&["--identity", "a", "--emulation-version", "999.0.0"])
+                .contains("--emulation-version")
+        );
+        assert!(refused(&["--identity", "pod/a"]).contains("--identity"));
+        let alone = parse(&["--identity", "a", "--emulation-version", "0.0.1"]).unwrap();
+        assert!(
+            alone
+                .validate(None)
+                .unwrap_err()
+                .contains("--coordinated-election")
+        );
     }
 
     #[test]

@@ -65,10 +65,12 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
     ControllerConfig {
         slices: settings.slices.clone(),
         lease: settings.lease.clone(),
+        coordinated: settings.coordinated.clone(),
         runtime: settings.runtime.clone(),
         stale_limit: Duration::from_secs(30),
         namespace: args.watch_namespace.clone(),
         stall_bound: args.watch_stall_timeout,
+        write_qps: args.write_qps,
     }
 }
 

@@ -180,7 +180,7 @@ fn help_explains_every_flag_with_its_default() {
     assert_eq!(output.status.code(), Some(0));
     let help = String::from_utf8(output.stdout).unwrap();
     // (flag, its default as --help prints it; None where the fallback is described instead).
-    let flags: [(&str, Option<&str>); 21] = [
+    let flags: [(&str, Option<&str>); 24] = [
         ("--kubeconfig", None),
         ("--context", None),
         ("--watch-namespace", None),
@@ -190,7 +190,10 @@ fn help_explains_every_flag_with_its_default() {
         ("--lease-duration", Some("15s")),
         ("--renew-deadline", Some("10s")),
         ("--retry-period", Some("2s")),
+        ("--coordinated-election", None),
+        ("--emulation-version", None),
         ("--workers", Some("4")),
+        ("--write-qps", Some("500")),
         ("--max-endpoints-per-slice", Some("100")),
         (
             "--managed-by",

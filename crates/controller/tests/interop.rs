@@ -305,7 +305,8 @@ async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_del
     let mut intervals = contender_intervals(&linkerd, Some(exited));
 
     // Linkerd leads again (ours releases to it), then exits without a release; once no Linkerd
-    // replica runs, the operator deletes the Lease; ours takes over at once.
+    // replica runs, the operator deletes the Lease; ours takes over once RenewDeadline has
+    // passed since Linkerd's last renewal (not its whole lease duration).
     let mut linkerd_b =
         Contender::start_without_release(&binary, testbed, &ns, "linkerd-destination-b", LINKERD)
             .await;
@@ -350,8 +351,10 @@ async fn linkerd_exiting_without_a_release_is_waited_out_unless_the_lease_is_del
         .expect("the deletion seen");
     let after_delete = between(deleted, taken.seen);
     eprintln!("Lease deleted: ours took over {after_delete:?} later");
+    // The deleted record's claim stands until RenewDeadline after ours last saw it renewed
+    // (Linkerd's last renewal, at most its RetryPeriod before its exit).
     assert!(
-        after_delete <= SHORT.retry_period + SLACK,
+        after_delete <= SHORT.renew_deadline + SHORT.retry_period + SLACK,
         "ours took {after_delete:?} to recreate a deleted Lease"
     );
     intervals.extend(contender_intervals(&linkerd_b, Some(exited_b)));

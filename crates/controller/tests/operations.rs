@@ -266,6 +266,104 @@ async fn slice_write_counters_follow_creates_updates_and_deletes() {
     assert_eq!(replica.metric(errors, "").await, Ok(0.0));
 }
 
+/// The cumulative buckets of the sync latency histogram: (upper bound as served, count).
+fn sync_buckets(body: &str) -> Vec<(String, f64)> {
+    let prefix = "external_endpoints_sync_latency_seconds_bucket{le=\"";
+    body.lines()
+        .filter_map(|line| line.strip_prefix(prefix))
+        .filter_map(|rest| {
+            let (bound, value) = rest.split_once("\"} ")?;
+            Some((bound.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// One workload change is one observation of `external_endpoints_sync_latency_seconds`, in a
+/// bucket no later than the time the test itself saw pass from sending the change to seeing
+/// the slice converged (the controller's trigger comes after the change was sent, its write's
+/// answer before the test sees the slice); the slice's trigger-time annotation lies in the same
+/// window.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_change_is_one_sync_latency_observation_in_a_bucket_the_test_can_vouch_for() {
+    use k8s_openapi::jiff::Timestamp;
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "sync-latency").await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    cluster.wait_converged().await;
+    let count = "external_endpoints_sync_latency_seconds_count";
+    // Every write of the set-up has been answered once the cache shows it: wait until the count
+    // is steady at the one create.
+    let before = eventually("the create observed", CONVERGE, || async {
+        let (_, body) = replica.get("/metrics").await?;
+        match harness::sum_metric(&body, count, "") {
+            Some(n) if n >= 1.0 => Ok(body),
+            other => Err(format!("{count}: {other:?}")),
+        }
+    })
+    .await;
+
+    let sent_at = Timestamp::now();
+    let sent = tokio::time::Instant::now();
+    cluster
+        .apply_workload(vm("vm-1", "10.0.0.1").not_ready())
+        .await;
+    cluster.wait_converged().await;
+    let window = sent.elapsed().as_secs_f64();
+    let seen_at = Timestamp::now();
+    let after = eventually("one more observation", CONVERGE, || async {
+        let (_, body) = replica.get("/metrics").await?;
+        let n = harness::sum_metric(&body, count, "").unwrap_or(0.0);
+        let was = harness::sum_metric(&before, count, "").unwrap_or(0.0);
+        if n > was {
+            Ok(body)
+        } else {
+            Err(format!("{count} still {n}"))
+        }
+    })
+    .await;
+    let was = harness::sum_metric(&before, count, "").unwrap();
+    assert_eq!(
+        harness::sum_metric(&after, count, "").unwrap() - was,
+        1.0,
+        "one change, one reconcile that wrote, one observation"
+    );
+    // The bucket the new observation fell in: the first whose count grew.
+    let (old, new) = (sync_buckets(&before), sync_buckets(&after));
+    assert_eq!(old.len(), new.len());
+    assert!(new.len() >= 16, "buckets resolving 5 ms to 60 s: {new:?}");
+    let (bound, _) = old
+        .iter()
+        .zip(&new)
+        .find(|((_, a), (_, b))| b > a)
+        .map(|(_, n)| n.clone())
+        .expect("a bucket grew");
+    let lower = new
+        .iter()
+        .take_while(|(b, _)| *b != bound)
+        .last()
+        .map_or(0.0, |(b, _)| b.parse::<f64>().unwrap());
+    assert!(
+        bound != "+Inf" && lower <= window,
+        "observed in the bucket ({lower}, {bound}] s; the test saw the change published within {window:.3} s"
+    );
+    let slices = cluster.slices_of("web").await;
+    let annotation = slices[0]
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(slices::LAST_CHANGE_TRIGGER_TIME_ANNOTATION))
+        .expect("a trigger time on the written slice");
+    let trigger: Timestamp = annotation.parse().unwrap();
+    assert!(
+        sent_at <= trigger && trigger <= seen_at,
+        "trigger time {trigger} outside the change's window {sent_at} .. {seen_at}"
+    );
+}
+
 /// Drops the CEL checks on `workloadIPs` from the installed CRD, as Linkerd's own CRD has none,
 /// and waits until the API server admits a non-IP. Only this test binary's control plane is
 /// affected, and no other test here depends on those checks.

@@ -139,8 +139,8 @@ pub mod testing;
 
 pub use self::{
     elector::{
-        ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig, LeaseConfigError, LeaseElector,
-        LeaseTimings,
+        CandidateConfig, CandidateError, ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig,
+        LeaseConfigError, LeaseElector, LeaseTimings,
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Dispatcher, TermContext},

@@ -41,10 +41,10 @@ pub fn unbounded_term() -> Term {
     Term::unbounded()
 }
 
-/// A fence for `term`, valid while `leadership` names it (with no safety margin), counting its
-/// refusals in a metrics value of its own.
-pub fn fence(term: Term, leadership: Leadership) -> Fence {
-    Fence::new(term, leadership, Duration::ZERO, FenceMetrics::default())
+/// A fence for `term`, valid while `leadership` names it and, for a bounded term, until its last
+/// renewal plus RenewDeadline minus `margin`; it counts its refusals in metrics of its own.
+pub fn fence(term: Term, leadership: Leadership, margin: Duration) -> Fence {
+    Fence::new(term, leadership, margin, FenceMetrics::default())
 }
 
 /// An elector handle that only forwards `leadership` (driven by the test through the matching

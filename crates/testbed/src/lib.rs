@@ -43,6 +43,7 @@
 mod assets;
 mod audit;
 mod certs;
+mod coordinated;
 mod crds;
 mod error;
 mod process;
@@ -61,6 +62,7 @@ use kube::{Api, Client, Config};
 
 pub use crate::assets::{Binaries, CACHE_ENV, Versions};
 pub use crate::audit::AuditEvent;
+pub use crate::coordinated::COORDINATED_LEADER_ELECTION_ARGS;
 pub use crate::error::TestbedError;
 use crate::process::Supervised;
 pub use crate::servers::SERVICE_CIDRS;
@@ -362,6 +364,16 @@ impl Testbed {
     /// The etcd client URL, `http://127.0.0.1:<port>`.
     pub fn etcd_url(&self) -> &str {
         &self.etcd_url
+    }
+
+    /// The process id of `server` (for its CPU time in `/proc`), while it runs.
+    pub fn pid(&self, server: Server) -> Option<u32> {
+        let name = server_name(server);
+        self.servers
+            .lock()
+            .iter_mut()
+            .find(|process| process.name() == name)
+            .and_then(|process| process.pid())
     }
 
     /// Whether kube-controller-manager runs (see [`Options::controller_manager`]).

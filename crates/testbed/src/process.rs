@@ -214,6 +214,14 @@ impl Supervised {
         Ok(self.exited().is_some())
     }
 
+    /// The server's process id, as the supervisor wrote it (None once it has exited).
+    pub(crate) fn pid(&mut self) -> Option<u32> {
+        if self.exited().is_some() {
+            return None;
+        }
+        self.server_pid()
+    }
+
     /// The server's process id, as the supervisor wrote it.
     fn server_pid(&self) -> Option<u32> {
         // The supervisor writes the file right after starting the server; a server signalled

@@ -39,6 +39,7 @@ use crate::{
     handlers::{self, ServiceDispatcher},
     metrics::{Metrics, Outcome, OutcomeLabels},
     reconcile::{Shared, SliceReconciler},
+    writer::WriteRate,
 };
 
 /// How long the slice watch takes to deliver a change, unless a test holds it back.
@@ -83,6 +84,7 @@ impl Core {
             api: FakeApi::backed_by(server.clone()),
             diagnostics: Diagnostics::default(),
             metrics: Metrics::register(&mut Registry::default()),
+            write_rate: WriteRate::unlimited(),
             stale_limit,
         });
         let runtime = Runtime::new(runtime_config(), SliceReconciler(shared.clone()));

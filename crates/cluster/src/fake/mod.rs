@@ -191,7 +191,7 @@ impl TestTerm {
     pub fn new() -> Self {
         let term = testing::term(Instant::now(), std::time::Duration::from_secs(3600));
         let (sender, leadership) = testing::leadership(Some(term.clone()));
-        let fence = testing::fence(term, leadership);
+        let fence = testing::fence(term, leadership, std::time::Duration::ZERO);
         Self { fence, sender }
     }
 

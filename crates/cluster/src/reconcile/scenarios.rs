@@ -280,3 +280,35 @@ async fn replay_after_reacquire_publishes_changes_made_while_following() {
     core.wait_published("api", &["10.0.1.1"]).await;
     core.stop().await;
 }
+
+/// A change that finds its Service waiting for our own previous write to show in the cache is
+/// published as soon as the watch shows that write, not a fixed stale retry later (issue 20: the
+/// 100 ms stale retry was the largest share of our p99 under load).
+#[tokio::test(start_paused = true)]
+async fn change_behind_our_own_write_is_published_when_the_write_shows_not_after_the_stale_retry() {
+    let core = leading_with_web().await;
+    let replaces = core.calls_to("replace");
+    core.feed().apply_workload(&vm("vm-1", "10.0.0.11").build());
+    wait_until("the first change written", || {
+        core.calls_to("replace") > replaces
+    })
+    .await;
+    // Our write is answered; the watch shows it WATCH_DELAY later. A change now finds the cache
+    // behind that write.
+    let stale = core.outcomes(Outcome::Stale);
+    let changed = Instant::now();
+    core.feed().apply_workload(&vm("vm-2", "10.0.0.12").build());
+    core.wait_published("web", &["10.0.0.11", "10.0.0.12"])
+        .await;
+    let took = changed.elapsed();
+    assert!(
+        core.outcomes(Outcome::Stale) > stale,
+        "the second change found the cache behind the first write"
+    );
+    assert!(
+        took < crate::reconcile::STALE_RETRY / 2,
+        "published {took:?} after the change; the write showed within {WATCH_DELAY:?}"
+    );
+    core.settle().await;
+    core.stop().await;
+}

@@ -21,6 +21,7 @@ mod stall_tests;
 use std::{fmt::Debug, sync::Arc};
 
 use kube::Resource;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use api::v1beta1::ExternalWorkload;
@@ -86,7 +87,7 @@ pub async fn run<K, D>(
     shutdown: CancellationToken,
 ) where
     K: Project,
-    D: FnMut(Change<K::Cached>),
+    D: FnMut(Change<K::Cached>, Instant),
 {
     let mut listing = None;
     loop {
@@ -94,15 +95,16 @@ pub async fn run<K, D>(
             () = shutdown.cancelled() => return,
             event = source.next() => event,
         };
+        let received = Instant::now();
         match event {
             Event::Apply(object) => {
                 let version = version_of(&object);
-                dispatch(cache.apply(object.project(&interner)));
+                dispatch(cache.apply(object.project(&interner)), received);
                 health.seen(Some(version));
             }
             Event::Delete(object) => {
                 let version = version_of(&object);
-                dispatch(cache.delete(object.project(&interner)));
+                dispatch(cache.delete(object.project(&interner)), received);
                 health.seen(Some(version));
             }
             Event::ListStart => listing = Some(cache.relist()),
@@ -111,14 +113,14 @@ pub async fn run<K, D>(
                 let projected = object.project(&interner);
                 drop(object);
                 if let Some(change) = cache.relist_apply(relist, projected) {
-                    dispatch(change);
+                    dispatch(change, received);
                 }
             }
             Event::ListDone(position) => {
                 let relist = listing.take().unwrap_or_else(|| cache.relist());
                 let count = relist.listed();
                 for change in cache.finish_relist(relist) {
-                    dispatch(change);
+                    dispatch(change, received);
                 }
                 if health.is_synced() {
                     source.count_relist();

@@ -55,21 +55,34 @@ struct Pass {
     term: TestTerm,
     tracker: Mutex<Tracker>,
     metrics: Metrics,
+    rate: WriteRate,
+    timing: Timing,
 }
 
 impl Pass {
     fn new() -> Self {
+        let metrics = Metrics::register(&mut Registry::default());
         Self {
             term: TestTerm::new(),
             tracker: Mutex::new(Tracker::new()),
-            metrics: Metrics::register(&mut Registry::default()),
+            timing: Timing::new(metrics.timing.clone()),
+            metrics,
+            rate: WriteRate::unlimited(),
         }
     }
 
     async fn write(&self, api: &impl WriteApi, plan: &SlicePlan) -> Result<Written, WriteError> {
         let key = ServiceKey::new(NAMESPACE, "web");
-        let fence = &self.term.fence;
-        write_plan(api, &key, plan, fence, &self.tracker, &self.metrics).await
+        let pass = super::Pass {
+            api,
+            key: &key,
+            fence: &self.term.fence,
+            tracker: &self.tracker,
+            metrics: &self.metrics,
+            rate: &self.rate,
+            timing: &self.timing,
+        };
+        write_plan(&pass, plan).await
     }
 }
 

@@ -63,10 +63,10 @@ pub struct LoadResult {
 
 /// What a workload's endpoint shows: address, ready, zone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Shown {
-    ip: String,
-    ready: bool,
-    zone: Option<String>,
+pub struct Shown {
+    pub ip: String,
+    pub ready: bool,
+    pub zone: Option<String>,
 }
 
 /// One change in flight.
@@ -83,10 +83,10 @@ struct Tracking {
 }
 
 /// A small deterministic generator (xorshift64*): the bench needs spread, not randomness.
-struct Spread(u64);
+pub struct Spread(pub u64);
 
 impl Spread {
-    fn next(&mut self, below: usize) -> usize {
+    pub fn next(&mut self, below: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -95,7 +95,7 @@ impl Spread {
 }
 
 /// The state a workload shows now (from the API object).
-fn shown(workload: &ExternalWorkload) -> Shown {
+pub fn shown(workload: &ExternalWorkload) -> Shown {
     Shown {
         ip: workload
             .spec
@@ -315,14 +315,19 @@ pub async fn run(
 }
 
 /// One workload change.
-enum Change {
+pub enum Change {
     Ready(bool),
     Ip(String),
     Zone(String),
 }
 
 impl Change {
-    async fn send(&self, client: &Client, namespace: &str, name: &str) -> Result<(), kube::Error> {
+    pub async fn send(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), kube::Error> {
         let api: Api<ExternalWorkload> = Api::namespaced(client.clone(), namespace);
         let params = PatchParams::default();
         match self {
@@ -394,7 +399,7 @@ fn observe(tracking: &Mutex<Tracking>, slice: &EndpointSlice) {
 
 /// The Services whose slices are not what the planner computes from the objects now in the
 /// API (empty: nothing lost).
-async fn unconverged(client: &Client) -> Vec<String> {
+pub async fn unconverged(client: &Client) -> Vec<String> {
     let services: Vec<Service> = Api::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -462,7 +467,7 @@ async fn unconverged(client: &Client) -> Vec<String> {
 }
 
 /// The `q` quantile (0..=1) of sorted samples.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

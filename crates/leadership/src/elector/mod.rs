@@ -10,6 +10,7 @@
 //! - Each acquisition publishes a new [`Term`] on the [`Leadership`] channel.
 
 mod config;
+mod coordinated;
 mod record;
 mod run;
 #[cfg(test)]
@@ -26,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use self::config::{LeaseConfig, LeaseConfigError, LeaseTimings};
+pub use self::coordinated::{CandidateConfig, CandidateError};
+pub(crate) use self::coordinated::{KubeLeaseCandidateStore, LeaseCandidateStore};
 use crate::{
     store::{KubeLeaseStore, LeaseStore},
     term::{Leadership, LeadershipSender},
@@ -40,6 +43,8 @@ pub struct LeaseElector {
     sender: LeadershipSender,
     leadership: Leadership,
     metrics: ElectorMetrics,
+    /// Set for Coordinated Leader Election ([`LeaseElector::coordinated`]).
+    coordination: Option<coordinated::Coordination>,
 }
 
 /// The running elector: its leadership value, its metrics, and the means to stop it.
@@ -84,6 +89,10 @@ pub enum ElectorError {
     /// The elector task panicked. Not retryable: exit the process.
     #[error("the elector task panicked: {0}")]
     Panicked(String),
+    /// Coordinated mode cannot run with this configuration (the identity cannot name a
+    /// LeaseCandidate). Not retryable: fix the configuration.
+    #[error(transparent)]
+    Candidate(#[from] CandidateError),
 }
 
 // === impl LeaseElector ===
@@ -95,6 +104,21 @@ impl LeaseElector {
         Self::new(config, store)
     }
 
+    /// A candidate for the Lease named in `config` under Coordinated Leader Election, through
+    /// the API server behind `client`: its LeaseCandidate is named after the identity and lives
+    /// in the Lease's namespace. Instead of taking a free or expired Lease, the elector publishes
+    /// its LeaseCandidate and leads only when the election controller (KEP-4355) names it
+    /// holder; renewals, terms and fencing are unchanged.
+    pub fn coordinated_for_client(
+        client: Client,
+        config: LeaseConfig,
+        candidate: CandidateConfig,
+    ) -> Self {
+        let candidates =
+            KubeLeaseCandidateStore::new(client.clone(), config.namespace(), config.identity());
+        Self::for_client(client, config).coordinated(candidate, candidates)
+    }
+
     /// A candidate for the Lease behind `store` (`config` was validated when it was built).
     pub(crate) fn new(config: LeaseConfig, store: impl LeaseStore) -> Self {
         let (sender, leadership) = watch::channel(None);
@@ -104,7 +128,30 @@ impl LeaseElector {
             sender,
             leadership,
             metrics: ElectorMetrics::default(),
+            coordination: None,
         }
+    }
+
+    /// Switches to Coordinated Leader Election (KEP-4355; the API server runs the election
+    /// controller when its `CoordinatedLeaderElection` feature gate and the
+    /// `coordination.k8s.io/v1beta1` API are on): the elector publishes its LeaseCandidate
+    /// through `candidates` and leads only when the election controller names it holder, instead
+    /// of taking a free or expired Lease; it makes way when another holder is preferred.
+    /// Renewals, terms and fencing are unchanged.
+    ///
+    /// The identity names the LeaseCandidate, so it must be a valid name
+    /// ([`CandidateConfig::check_identity`]); if it is not, the spawned elector ends at once
+    /// with [`ElectorError::Candidate`] (reported by [`ElectorHandle::lost`]).
+    pub(crate) fn coordinated(
+        mut self,
+        candidate: CandidateConfig,
+        candidates: impl LeaseCandidateStore,
+    ) -> Self {
+        self.coordination = Some(coordinated::Coordination {
+            config: candidate,
+            store: Box::new(candidates),
+        });
+        self
     }
 
     /// The configuration in use.
@@ -130,9 +177,22 @@ impl LeaseElector {
             lease = %self.config.name(),
             identity = %self.config.identity(),
         );
+        let coordination = self.coordination.map(|coordination| {
+            coordinated::Publisher::new(&self.config, coordination.config, coordination.store)
+        });
+        let mode = match coordination {
+            Some(_) => coordinated::Mode::Coordinated,
+            None => coordinated::Mode::Compete,
+        };
         let candidate =
-            run::Candidate::new(self.config, self.store, self.sender, self.metrics.clone());
-        let task = tokio::spawn(candidate.run(stop.clone()).instrument(span));
+            run::Candidate::new(self.config, self.store, self.sender, self.metrics.clone())
+                .with_mode(mode);
+        let task = match coordination {
+            Some(publisher) => {
+                tokio::spawn(coordinated::run(candidate, publisher, stop.clone()).instrument(span))
+            }
+            None => tokio::spawn(candidate.run(stop.clone()).instrument(span)),
+        };
         ElectorHandle {
             leadership: self.leadership,
             stop,

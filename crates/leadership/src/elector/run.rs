@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 use super::{
     ElectorError, ElectorMetrics,
     config::LeaseConfig,
+    coordinated::{self, Decision, Mode},
     record::{self, Observed},
 };
 use crate::{
@@ -33,6 +34,12 @@ pub(super) struct Candidate<S> {
     written_version: Option<String>,
     /// Whether the watch has delivered our last write (so later events are newer than it).
     watch_caught_up: bool,
+    /// When the lease was deleted while another holder's term ran: when that term would have
+    /// expired. Until then we do not re-create the lease (see [`Candidate::observe`]).
+    vanished_until: Option<Instant>,
+    /// Whether this candidate takes the lease itself or waits to be named by the API server's
+    /// election controller (Coordinated Leader Election).
+    mode: Mode,
 }
 
 /// The watch of the lease; restarted at the next poll when it ends, and at once when it has
@@ -63,6 +70,8 @@ enum StepDown {
     /// A record without us was seen (409 or watch) and could not be re-read.
     Unconfirmed,
     Released,
+    /// Coordinated mode: the election controller prefers another holder.
+    Yielded,
 }
 
 // === impl Candidate ===
@@ -83,7 +92,15 @@ impl<S: LeaseStore> Candidate<S> {
             term: None,
             written_version: None,
             watch_caught_up: false,
+            vanished_until: None,
+            mode: Mode::Compete,
         }
+    }
+
+    /// Sets how this candidate becomes leader (see [`Mode`]).
+    pub(super) fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// Competes until `stop` is cancelled, then releases the lease if held.
@@ -251,6 +268,10 @@ impl<S: LeaseStore> Candidate<S> {
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
         let Some(lease) = current else {
+            // In coordinated mode the election controller creates the lease.
+            if self.mode == Mode::Coordinated || self.vanished_claim_runs(Instant::now()) {
+                return;
+            }
             let lease = record::new_lease(&self.config);
             return match self.store.create(lease).await {
                 Ok(created) => self.renewed(created, started),
@@ -261,7 +282,14 @@ impl<S: LeaseStore> Candidate<S> {
         if self.held_by_other(Instant::now()) {
             return;
         }
-        let claimed = record::claim(lease, &self.config);
+        let claimed = match self.mode.decide(&lease, self.config.identity()) {
+            Decision::Claim if self.mode == Mode::Coordinated => {
+                coordinated::claim_named(lease, &self.config, self.term.is_none())
+            }
+            Decision::Claim => record::claim(lease, &self.config),
+            Decision::Wait => return,
+            Decision::Yield => return self.yield_lease(lease).await,
+        };
         match self.store.replace(claimed).await {
             Ok(replaced) => self.renewed(replaced, started),
             Err(StoreError::Conflict) => self.confirm_holder().await,
@@ -297,9 +325,13 @@ impl<S: LeaseStore> Candidate<S> {
         }
         self.observe(lease, now);
         let leading = self.term.is_some();
+        if let Some(reaction) = self.react_coordinated(leading) {
+            return reaction;
+        }
         let holder = self.observed.as_ref().and_then(Observed::holder);
         let named = holder == Some(self.config.identity());
         match (leading, holder, named) {
+            (false, None, _) if self.vanished_claim_runs(now) => Reaction::Nothing,
             (false, None, _) => Reaction::AttemptNow,
             (false, Some(_), _) | (true, _, true) => Reaction::Nothing,
             // A record without us, newer than our last write: the lease is lost.
@@ -309,6 +341,43 @@ impl<S: LeaseStore> Candidate<S> {
             }
             // Maybe an event from before our last write: ask the API server.
             (true, _, false) => Reaction::ConfirmHolder,
+        }
+    }
+
+    /// Coordinated mode: a candidate never takes a free or expired lease; it renews at once
+    /// when the election controller names it (the controller's record is valid for only a few
+    /// seconds), and a leader yields at once when another holder is preferred. `None` leaves the
+    /// usual checks (another holder, no holder) to [`react`](Self::react).
+    fn react_coordinated(&mut self, leading: bool) -> Option<Reaction> {
+        if self.mode != Mode::Coordinated {
+            return None;
+        }
+        let decision = self
+            .observed
+            .as_ref()
+            .map(|observed| self.mode.decide(&observed.lease, self.config.identity()));
+        match (leading, decision) {
+            (true, Some(Decision::Yield)) => {
+                self.step_down(StepDown::Yielded);
+                Some(Reaction::AttemptNow)
+            }
+            (true, _) => None,
+            (false, Some(Decision::Claim | Decision::Yield)) => Some(Reaction::AttemptNow),
+            (false, _) => Some(Reaction::Nothing),
+        }
+    }
+
+    /// Coordinated mode: the election controller prefers another holder, so stop leading, then
+    /// clear the holder (guarded by resourceVersion) so that the controller names the preferred
+    /// one at once instead of waiting for our record to expire. The term ends before the write.
+    async fn yield_lease(&mut self, lease: Lease) {
+        self.step_down(StepDown::Yielded);
+        match self.store.replace(self.mode.release(lease)).await {
+            Ok(released) => {
+                info!("yielded the lease to the preferred holder");
+                self.observe(Some(released), Instant::now());
+            }
+            Err(error) => debug!(%error, "yielding the lease failed; retrying at the next attempt"),
         }
     }
 
@@ -333,8 +402,30 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
+    /// Records what the API server showed. A lease deleted while another holder's term ran does
+    /// not end that term at once: the holder may not know yet (its watch may lag or be
+    /// reconnecting) and keeps acting until its next poll, so a candidate that re-created the
+    /// lease at once could lead beside it. The deleted record's claim stands until RenewDeadline
+    /// after we last saw it change (a holder with our timings stops acting RenewDeadline after
+    /// its last successful renewal, which we saw no earlier than it happened), or until it would
+    /// have expired if that is sooner. The holder itself, told by its watch or its next poll,
+    /// steps down and may re-create the lease at once. A release (holder cleared, written by the
+    /// holder) is still taken at once.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
+        match (&lease, &self.observed) {
+            (None, Some(previous)) if previous.held_by_other(&self.config, now) => {
+                let acting_until = previous.changed_at + self.config.timings().renew_deadline();
+                self.vanished_until = Some(previous.expires_at(&self.config).min(acting_until));
+            }
+            (Some(_), _) => self.vanished_until = None,
+            (None, _) => {}
+        }
         self.observed = lease.map(|lease| Observed::update(self.observed.take(), lease, now));
+    }
+
+    /// Whether a deleted lease's last holder may still be acting (see [`Candidate::observe`]).
+    fn vanished_claim_runs(&self, now: Instant) -> bool {
+        self.vanished_until.is_some_and(|until| until > now)
     }
 
     fn held_by_other(&self, now: Instant) -> bool {
@@ -389,7 +480,7 @@ impl<S: LeaseStore> Candidate<S> {
         let Some(term) = self.term.take() else {
             return;
         };
-        if !matches!(reason, StepDown::Released) {
+        if !matches!(reason, StepDown::Released | StepDown::Yielded) {
             ElectorMetrics::count(&self.metrics.counters.step_downs);
         }
         warn!(term = term.id(), ?reason, "stopped leading");
@@ -400,10 +491,15 @@ impl<S: LeaseStore> Candidate<S> {
     fn next_attempt_after(&mut self, started: Instant) -> Instant {
         self.check_deadline(Instant::now());
         let next = started + self.config.timings().retry_period();
-        match &self.observed {
-            Some(observed) if self.term.is_none() && observed.holder().is_some() => {
+        // A coordinated candidate never takes an expired or vanished lease: nothing to do then.
+        if self.mode == Mode::Coordinated {
+            return next;
+        }
+        match (&self.observed, self.vanished_until) {
+            (Some(observed), _) if self.term.is_none() && observed.holder().is_some() => {
                 next.min(observed.expires_at(&self.config))
             }
+            (None, Some(until)) if self.term.is_none() && until > Instant::now() => next.min(until),
             _ => next,
         }
     }
@@ -437,7 +533,7 @@ impl<S: LeaseStore> Candidate<S> {
             if record::holder(&lease) != Some(self.config.identity()) {
                 return Ok(false);
             }
-            match self.store.replace(record::release(lease)).await {
+            match self.store.replace(self.mode.release(lease)).await {
                 Ok(_) => return Ok(true),
                 Err(StoreError::Conflict) => continue,
                 Err(error) => return Err(error),

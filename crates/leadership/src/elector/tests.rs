@@ -376,14 +376,62 @@ async fn expiry_is_judged_by_local_observation_and_foreign_fields_are_kept() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn deleted_lease_is_recreated_by_a_watching_follower_at_once() {
+async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() {
     let store = MemoryLeaseStore::new();
     store.put(Some(holder_lease("old", Timestamp::now())));
     let a = candidate(&store.connect(), "a");
+    let seen = Instant::now();
     sleep(Duration::from_millis(500)).await;
     assert!(current(&a).is_none());
     store.put(None);
+    // "old" may not know yet and keep acting until its next poll: its claim stands until
+    // RenewDeadline after a saw it change (a holder stops acting by then without a renewal).
+    sleep_until(seen + RENEW_DEADLINE - Duration::from_millis(10)).await;
+    assert!(
+        current(&a).is_none(),
+        "a waited out the deleted record's claim"
+    );
+    let led = wait_leading(&a, true, Duration::from_millis(20)).await;
+    assert!(led >= seen + RENEW_DEADLINE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_learns_of_a_deletion_late_never_leads_beside_a_follower() {
+    let store = MemoryLeaseStore::new();
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = candidate(&a_conn, "a");
     wait_leading(&a, true, Duration::from_millis(10)).await;
+    let b = candidate(&b_conn, "b");
+    sleep(RETRY).await;
+
+    // The leader's watch passes nothing (within its bound) when the lease is deleted right
+    // after a renewal: it learns of it at its next poll, a RetryPeriod later. The follower
+    // learns at once and must not lead meanwhile.
+    a_conn.freeze_watches();
+    let writes = store.writes().len();
+    while store.writes().len() == writes {
+        sleep(Duration::from_millis(10)).await;
+    }
+    store.put(None);
+    let deleted = Instant::now();
+    while Instant::now() < deleted + LEASE_DURATION * 2 {
+        assert!(
+            current(&a).is_none() || current(&b).is_none(),
+            "a and b led at once {:?} after the deletion",
+            Instant::now() - deleted
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        a.metrics().step_downs(),
+        1,
+        "a stopped leading at its next poll"
+    );
+    let holder = spec(&store)
+        .holder_identity
+        .expect("the lease was re-created");
+    let leader = if holder == "a" { &a } else { &b };
+    assert!(current(leader).is_some(), "{holder} leads");
 }
 
 #[tokio::test(start_paused = true)]
