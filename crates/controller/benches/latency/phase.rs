@@ -14,12 +14,10 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
 };
 use parking_lot::Mutex;
 use slices::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
@@ -152,32 +150,10 @@ pub async fn run(
 
     // The slice watch, synced before the first change.
     let tracking = Arc::new(Mutex::new(Tracking::default()));
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<()>();
     let watch = {
         let tracking = tracking.clone();
-        let api: Api<EndpointSlice> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(&format!(
-            "{MANAGED_BY_LABEL}={}",
-            slices::DEFAULT_MANAGED_BY
-        ));
-        tokio::spawn(async move {
-            let mut synced_tx = Some(synced_tx);
-            let stream = watcher(api, config).default_backoff();
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::Apply(slice)) => observe(&tracking, &slice),
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = synced_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        })
+        crate::load::watch_slices(client, move |slice| observe(&tracking, slice)).await
     };
-    synced_rx.await.unwrap();
 
     let cpu_before = processes.cpu();
     let load_before = load_average();

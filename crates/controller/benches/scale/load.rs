@@ -148,32 +148,10 @@ pub async fn run(
 
     // The slice watch, synced before the first change.
     let tracking = Arc::new(Mutex::new(Tracking::default()));
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<()>();
     let watch = {
         let tracking = tracking.clone();
-        let slices: Api<EndpointSlice> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(&format!(
-            "{MANAGED_BY_LABEL}={}",
-            slices::DEFAULT_MANAGED_BY
-        ));
-        tokio::spawn(async move {
-            let mut synced_tx = Some(synced_tx);
-            let stream = watcher(slices, config).default_backoff();
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::Apply(slice)) => observe(&tracking, &slice),
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = synced_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        })
+        watch_slices(client, move |slice| observe(&tracking, slice)).await
     };
-    synced_rx.await.unwrap();
 
     let cpu_before = leader.metrics().await.map_or(0.0, |m| m.cpu_seconds());
     let load_before = load_average();
@@ -467,6 +445,38 @@ pub async fn unconverged(client: &Client) -> Vec<String> {
 }
 
 /// The `q` quantile (0..=1) of sorted samples.
+/// Watches the managed slices on a task of its own, calling `observe` for every applied slice;
+/// returns once the watch has listed them all.
+pub async fn watch_slices(
+    client: &Client,
+    observe: impl Fn(&EndpointSlice) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<()>();
+    let api: Api<EndpointSlice> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&format!(
+        "{MANAGED_BY_LABEL}={}",
+        slices::DEFAULT_MANAGED_BY
+    ));
+    let watch = tokio::spawn(async move {
+        let mut synced_tx = Some(synced_tx);
+        let stream = watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(slice)) => observe(&slice),
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = synced_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    synced_rx.await.unwrap();
+    watch
+}
+
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
