@@ -26,7 +26,7 @@ use tokio::{sync::Semaphore, time::Instant};
 use harness::report::{load_average, progress};
 
 use crate::{
-    load::{Change, Shown, Spread},
+    load::{Shown, Spread},
     measure::{Cpu, Processes},
 };
 
@@ -181,28 +181,7 @@ pub async fn run(
             }
         };
         let n = NEXT_CHANGE.fetch_add(1, Ordering::Relaxed);
-        let before = current[&id].clone();
-        let mut expected = before.clone();
-        let change = match n % 3 {
-            0 => {
-                expected.ready = !before.ready;
-                Change::Ready(expected.ready)
-            }
-            1 => {
-                let k = 1_000_000 + n;
-                expected.ip = format!(
-                    "10.{}.{}.{}",
-                    200 + k / 65536 % 50,
-                    (k / 256) % 256,
-                    k % 256
-                );
-                Change::Ip(expected.ip.clone())
-            }
-            _ => {
-                expected.zone = Some(format!("zone-{n}"));
-                Change::Zone(format!("zone-{n}"))
-            }
-        };
+        let (expected, change) = crate::load::next_change(&current[&id], n);
         current.insert(id.clone(), expected.clone());
         tracking.lock().in_flight.insert(
             id.clone(),

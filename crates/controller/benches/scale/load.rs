@@ -180,28 +180,7 @@ pub async fn run(
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         };
-        let before = current[&id].clone();
-        let mut expected = before.clone();
-        let patch = match seq % 3 {
-            0 => {
-                expected.ready = !before.ready;
-                Change::Ready(expected.ready)
-            }
-            1 => {
-                let n = 1_000_000 + seq;
-                expected.ip = format!(
-                    "10.{}.{}.{}",
-                    200 + n / 65536 % 50,
-                    (n / 256) % 256,
-                    n % 256
-                );
-                Change::Ip(expected.ip.clone())
-            }
-            _ => {
-                expected.zone = Some(format!("zone-{seq}"));
-                Change::Zone(format!("zone-{seq}"))
-            }
-        };
+        let (expected, patch) = next_change(&current[&id], seq);
         current.insert(id.clone(), expected.clone());
         tracking.lock().in_flight.insert(
             id.clone(),
@@ -475,6 +454,33 @@ pub async fn watch_slices(
     });
     synced_rx.await.unwrap();
     watch
+}
+
+/// The `n`th change of a run to a workload shown as `before`: readiness, address and zone in
+/// turn (addresses unique per `n`). Returns what the slices should show after it, and the change.
+pub fn next_change(before: &Shown, n: usize) -> (Shown, Change) {
+    let mut expected = before.clone();
+    let change = match n % 3 {
+        0 => {
+            expected.ready = !before.ready;
+            Change::Ready(expected.ready)
+        }
+        1 => {
+            let k = 1_000_000 + n;
+            expected.ip = format!(
+                "10.{}.{}.{}",
+                200 + k / 65536 % 50,
+                (k / 256) % 256,
+                k % 256
+            );
+            Change::Ip(expected.ip.clone())
+        }
+        _ => {
+            expected.zone = Some(format!("zone-{n}"));
+            Change::Zone(format!("zone-{n}"))
+        }
+    };
+    (expected, change)
 }
 
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
