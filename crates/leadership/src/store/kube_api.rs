@@ -65,25 +65,44 @@ impl LeaseStore for KubeLeaseStore {
     }
 
     fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
-        let fields = format!("metadata.name={}", self.name);
-        watcher(self.api.clone(), watcher::Config::default().fields(&fields))
-            .default_backoff()
-            .map_err(|error| StoreError::Watch(Box::new(error)))
-            .filter_map(|event| async move {
-                match event {
-                    Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
-                        Some(Ok(Some(lease)))
-                    }
-                    Ok(watcher::Event::Delete(_)) => Some(Ok(None)),
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-                    Err(error) => Some(Err(error)),
-                }
-            })
-            .boxed()
+        watch_named(self.api.clone(), &self.name)
     }
 }
 
-fn api_error(error: kube::Error) -> StoreError {
+/// Changes of the one object `name` of `api` (`None` when it is deleted), for the elector's
+/// stores: the Lease and, in coordinated mode, this replica's LeaseCandidate.
+pub(crate) fn watch_named<K>(
+    api: Api<K>,
+    name: &str,
+) -> BoxStream<'static, Result<Option<K>, StoreError>>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + k8s_openapi::serde::de::DeserializeOwned
+        + Send
+        + 'static,
+    K::DynamicType: Default,
+{
+    let fields = format!("metadata.name={name}");
+    watcher(api, watcher::Config::default().fields(&fields))
+        .default_backoff()
+        .map_err(|error| StoreError::Watch(Box::new(error)))
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    Some(Ok(Some(object)))
+                }
+                Ok(watcher::Event::Delete(_)) => Some(Ok(None)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(error) => Some(Err(error)),
+            }
+        })
+        .boxed()
+}
+
+/// A 409 is a lost optimistic-concurrency race; anything else an API failure.
+pub(crate) fn api_error(error: kube::Error) -> StoreError {
     match &error {
         kube::Error::Api(status) if status.code == 409 => StoreError::Conflict,
         _ => StoreError::Api(Box::new(error)),

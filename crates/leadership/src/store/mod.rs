@@ -10,7 +10,7 @@
 //!
 //! [`LeaseElector`]: crate::LeaseElector
 
-mod kube_api;
+pub(crate) mod kube_api;
 #[cfg(any(test, feature = "test-util"))]
 mod memory;
 

@@ -1,14 +1,16 @@
 //! Access to this replica's own LeaseCandidate.
 
-use futures::{FutureExt, StreamExt, TryStreamExt, future::BoxFuture, stream::BoxStream};
+use futures::{FutureExt, future::BoxFuture, stream::BoxStream};
 use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use kube::{
     Api, Client,
     api::{DeleteParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
 };
 
-use crate::store::StoreError;
+use crate::store::{
+    StoreError,
+    kube_api::{api_error, watch_named},
+};
 
 /// Reads and writes one named LeaseCandidate, with the same optimistic-concurrency rules as
 /// [`LeaseStore`](crate::LeaseStore): [`replace`](LeaseCandidateStore::replace) fails with
@@ -108,28 +110,7 @@ impl LeaseCandidateStore for KubeLeaseCandidateStore {
     }
 
     fn changes(&self) -> BoxStream<'static, Result<Option<LeaseCandidate>, StoreError>> {
-        let fields = format!("metadata.name={}", self.name);
-        watcher(self.api.clone(), watcher::Config::default().fields(&fields))
-            .default_backoff()
-            .map_err(|error| StoreError::Watch(Box::new(error)))
-            .filter_map(|event| async move {
-                match event {
-                    Ok(watcher::Event::Apply(candidate) | watcher::Event::InitApply(candidate)) => {
-                        Some(Ok(Some(candidate)))
-                    }
-                    Ok(watcher::Event::Delete(_)) => Some(Ok(None)),
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-                    Err(error) => Some(Err(error)),
-                }
-            })
-            .boxed()
-    }
-}
-
-fn api_error(error: kube::Error) -> StoreError {
-    match &error {
-        kube::Error::Api(status) if status.code == 409 => StoreError::Conflict,
-        _ => StoreError::Api(Box::new(error)),
+        watch_named(self.api.clone(), &self.name)
     }
 }
 
