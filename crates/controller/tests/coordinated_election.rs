@@ -268,7 +268,12 @@ async fn leader_whose_lease_names_another_stops_at_once_and_fences() {
         old_fence.check(),
         Err(Fenced::TermEnded { term: term.id() })
     );
-    assert!(new.metrics().acquisitions() >= 1, "new led in between");
+    // Whether `new` renewed (and so led) before the election controller moved the Lease back is
+    // the API server's timing, not ours: reported, not asserted.
+    eprintln!(
+        "new acquired {} term(s) before yielding",
+        new.metrics().acquisitions()
+    );
     new.release().await.unwrap();
     old.release().await.unwrap();
 }
