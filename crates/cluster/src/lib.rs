@@ -26,6 +26,7 @@ mod intern;
 pub mod measure;
 mod metrics;
 mod reconcile;
+mod safeguards;
 mod store;
 mod timing;
 mod watch;
@@ -46,7 +47,6 @@ use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use crate::health::CacheHealth;
 use crate::{
     app::App,
     caches::Caches,
@@ -62,6 +62,7 @@ use crate::{
     },
     writer::{KubeWrites, WriteRate},
 };
+pub use crate::{health::CacheHealth, safeguards::Safeguards};
 
 /// Everything the controller is configured with.
 #[derive(Clone, Debug)]
@@ -85,6 +86,8 @@ pub struct ControllerConfig {
     pub stall_bound: Duration,
     /// Most slice writes per second, across workers (0: no limit but the workers' count).
     pub write_qps: u32,
+    /// The controller's protections: all on, except in tests built with `test-util`.
+    pub safeguards: Safeguards,
 }
 
 /// Why the controller stopped with an error.
@@ -132,7 +135,8 @@ impl Controller {
             controller: config.slices.managed_by().to_string(),
             instance: Some(config.lease.identity().to_string()),
         };
-        let api = KubeWrites::new(client.clone(), reporter);
+        let api = KubeWrites::new(client.clone(), reporter)
+            .version_fenced_deletes(config.safeguards.version_fenced_deletes);
         let caches = Arc::new(Caches::new());
         let metrics = Metrics::register(registry);
         let kind = |name| {
@@ -171,7 +175,8 @@ impl Controller {
             write_rate: WriteRate::new(config.write_qps),
             stale_limit: config.stale_limit,
         });
-        let app = App::new(SliceReconciler(shared), freshness, metrics.clone());
+        let app = App::new(SliceReconciler(shared), freshness, metrics.clone())
+            .with_barrier(config.safeguards.barrier);
         let runtime = Runtime::new(config.runtime.clone(), app);
         let elector = match &config.coordinated {
             Some(candidate) => LeaseElector::coordinated_for_client(
@@ -203,6 +208,11 @@ impl Controller {
         }
     }
 
+    /// This replica's leadership: `Some(term)` while it leads.
+    pub fn leadership(&self) -> leadership::Leadership {
+        self.elector.leadership()
+    }
+
     /// The health of the caches, for readiness: ready while every cache is synced, not stalled
     /// and not re-listing past the stall bound.
     pub fn health(&self) -> CacheHealth {
@@ -223,6 +233,7 @@ impl Controller {
         tokio::pin!(synced);
         // A watch that stops before every cache has synced ends the run as well.
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => {
                 stop_watches.cancel();
                 return Ok(());
@@ -245,6 +256,7 @@ impl Controller {
         let runtime = self.runtime.run(self.elector.spawn(), stop_runtime.clone());
         tokio::pin!(runtime);
         let result = tokio::select! {
+            biased;
             result = &mut runtime => result.map_err(Error::from),
             stopped = watches.next_stopped() => {
                 tracing::error!(%stopped, "a watch stopped; handing over and exiting");

@@ -9,12 +9,19 @@
 //! objects' own shared strings, so an index entry allocates no string.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet},
+    hash::{BuildHasherDefault, DefaultHasher},
     sync::Arc,
 };
 
 use parking_lot::RwLock;
 use slices::{CachedService, CachedSlice, CachedWorkload, Text, Token};
+
+/// Maps and sets with a fixed hash seed: iteration order (the order of a replay, of the deletes
+/// a re-list finds) is then the same in every run of the same inputs, which the simulation
+/// needs to replay a seed exactly. The keys are object names and labels from the API server.
+type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
+type HashSet<K> = std::collections::HashSet<K, BuildHasherDefault<DefaultHasher>>;
 
 /// What a cached object must tell the cache.
 pub trait Cached: Send + Sync + 'static {
@@ -128,7 +135,7 @@ impl<K: Cached> Store<K> {
                 no_group: Text::from(""),
             },
             inner: RwLock::new(Namespaces {
-                namespaces: HashMap::new(),
+                namespaces: HashMap::default(),
                 len: 0,
             }),
         }
@@ -218,7 +225,7 @@ impl<K: Cached> Store<K> {
     /// mixes listed objects with older ones, as it would while a watch catches up.
     pub fn relist(&self) -> Relist {
         Relist {
-            seen: (!self.is_empty()).then(HashSet::new),
+            seen: (!self.is_empty()).then(HashSet::default),
             listed: 0,
         }
     }
@@ -303,9 +310,9 @@ impl<K: Cached> Namespaces<K> {
             .namespaces
             .entry(namespace)
             .or_insert_with(|| Namespace {
-                groups_by_name: HashMap::new(),
-                groups: HashMap::new(),
-                labels: HashMap::new(),
+                groups_by_name: HashMap::default(),
+                groups: HashMap::default(),
+                labels: HashMap::default(),
             });
         if let Some(pairs_of) = index.pairs_of {
             for pair in pairs_of(&object) {

@@ -75,6 +75,8 @@ pub struct KubeWrites {
     client: Client,
     events: Recorder,
     call_timeout: Duration,
+    /// `false` only in tests that switch version-fenced deletes off ([`crate::Safeguards`]).
+    version_fenced_deletes: bool,
 }
 
 /// A write the API server did not answer within the call timeout.
@@ -128,7 +130,14 @@ impl KubeWrites {
             events: Recorder::new(client.clone(), reporter),
             client,
             call_timeout: CALL_TIMEOUT,
+            version_fenced_deletes: true,
         }
+    }
+
+    /// Sends each delete's preconditions only if `fenced`.
+    pub fn version_fenced_deletes(mut self, fenced: bool) -> Self {
+        self.version_fenced_deletes = fenced;
+        self
     }
 
     /// Gives up on each call after `call_timeout` instead of [`CALL_TIMEOUT`].
@@ -186,7 +195,7 @@ impl WriteApi for KubeWrites {
         preconditions: &Preconditions,
     ) -> Result<(), kube::Error> {
         let params = DeleteParams {
-            preconditions: Some(preconditions.clone()),
+            preconditions: self.version_fenced_deletes.then(|| preconditions.clone()),
             ..DeleteParams::default()
         };
         let api = self.api(namespace);

@@ -71,6 +71,7 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
         namespace: args.watch_namespace.clone(),
         stall_bound: args.watch_stall_timeout,
         write_qps: args.write_qps,
+        safeguards: cluster::Safeguards::default(),
     }
 }
 

@@ -131,6 +131,7 @@ mod fence;
 mod gate;
 mod queue;
 mod runtime;
+mod safeguards;
 mod store;
 mod term;
 #[cfg(feature = "test-util")]
@@ -149,5 +150,6 @@ pub use self::{
         Action, Reconciler, Runtime, RuntimeConfig, RuntimeConfigBuilder, RuntimeConfigError,
         RuntimeError,
     },
+    safeguards::Safeguards,
     term::{Leadership, Term},
 };

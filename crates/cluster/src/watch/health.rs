@@ -142,6 +142,7 @@ impl KindHealth {
                 return;
             }
             tokio::select! {
+                biased;
                 _ = answered.changed() => {}
                 _ = read.changed() => {}
             }

@@ -92,6 +92,7 @@ pub async fn run<K, D>(
     let mut listing = None;
     loop {
         let event = tokio::select! {
+            biased;
             () = shutdown.cancelled() => return,
             event = source.next() => event,
         };

@@ -168,6 +168,7 @@ where
                 return std::future::pending().await;
             };
             let step = tokio::select! {
+                biased;
                 // The sender lives in `self.health`: `None` cannot come while `self` lives.
                 Some(command) = commands.recv() => Err(command),
                 event = self.step() => Ok(event),

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use crate::Safeguards;
+
 /// LeaseDuration, RenewDeadline and RetryPeriod, checked to satisfy
 /// LeaseDuration > RenewDeadline > 1.2 × RetryPeriod > 0.
 ///
@@ -25,6 +27,8 @@ pub struct LeaseConfig {
     namespace: String,
     identity: String,
     timings: LeaseTimings,
+    /// Only the deleted-Lease wait is read here; always on outside tests.
+    safeguards: Safeguards,
 }
 
 /// Why a [`LeaseTimings`] or [`LeaseConfig`] cannot be built.
@@ -169,7 +173,22 @@ impl LeaseConfig {
             namespace,
             identity,
             timings,
+            safeguards: Safeguards::default(),
         })
+    }
+
+    /// Switches the deleted-Lease wait off, for tests that show what notices its absence.
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    #[must_use]
+    pub fn with_safeguards(mut self, safeguards: Safeguards) -> Self {
+        self.safeguards = safeguards;
+        self
+    }
+
+    /// Whether a deleted Lease's last holder keeps its claim until its RenewDeadline.
+    pub(crate) fn waits_after_a_deleted_lease(&self) -> bool {
+        self.safeguards.deleted_lease_wait
     }
 
     /// Name of the Lease object.

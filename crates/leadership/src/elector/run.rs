@@ -166,6 +166,7 @@ impl<S: LeaseStore> Candidate<S> {
         let mut attempt = pin!(attempt);
         loop {
             tokio::select! {
+                biased;
                 _ = &mut attempt => return seen,
                 change = watch.next(), if watch.open => {
                     let Some(lease) = change else { continue };
@@ -236,6 +237,7 @@ impl<S: LeaseStore> Candidate<S> {
         let mut counted = false;
         let result = loop {
             tokio::select! {
+                biased;
                 () = stop.cancelled() => return false,
                 () = sleep_until(slow_at), if term.is_some() && !counted => {
                     counted = true;
@@ -413,7 +415,10 @@ impl<S: LeaseStore> Candidate<S> {
     /// holder) is still taken at once.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
         match (&lease, &self.observed) {
-            (None, Some(previous)) if previous.held_by_other(&self.config, now) => {
+            (None, Some(previous))
+                if previous.held_by_other(&self.config, now)
+                    && self.config.waits_after_a_deleted_lease() =>
+            {
                 let acting_until = previous.changed_at + self.config.timings().renew_deadline();
                 self.vanished_until = Some(previous.expires_at(&self.config).min(acting_until));
             }

@@ -71,6 +71,9 @@ struct Inner<K, S> {
     queue: WorkQueue<K>,
     factory: StateFactory<S>,
     replay: Replay<K, S>,
+    /// `false` only in tests that switch fresh state off ([`Safeguards`](crate::Safeguards)):
+    /// a term then reuses the state of the term before it.
+    fresh_state: bool,
 }
 
 struct Registration<K, S> {
@@ -79,6 +82,8 @@ struct Registration<K, S> {
     /// No more intake (shutting down): dispatch and starts are refused.
     closed: bool,
     active: Option<TermContext<K, S>>,
+    /// The last term's state, kept only when fresh state is switched off.
+    previous_state: Option<Arc<S>>,
 }
 
 // === impl TermContext ===
@@ -161,17 +166,25 @@ impl<K, S> std::fmt::Debug for Dispatcher<K, S> {
 impl<K: QueueKey, S: Send + Sync + 'static> Gate<K, S> {
     /// A gate feeding `queue`, building per-term state with `factory` and replaying caches with
     /// `replay`. Nothing is registered until [`start`](Self::start).
-    pub fn new(queue: WorkQueue<K>, factory: StateFactory<S>, replay: Replay<K, S>) -> Self {
+    /// `fresh_state` is `true` outside tests.
+    pub fn new(
+        queue: WorkQueue<K>,
+        factory: StateFactory<S>,
+        replay: Replay<K, S>,
+        fresh_state: bool,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 registration: RwLock::new(Registration {
                     newest: 0,
                     closed: false,
                     active: None,
+                    previous_state: None,
                 }),
                 queue,
                 factory,
                 replay,
+                fresh_state,
             }),
         }
     }
@@ -200,8 +213,15 @@ impl<K: QueueKey, S: Send + Sync + 'static> Gate<K, S> {
         if let Some(previous) = registration.active.take() {
             self.inner.queue.end_term(previous.term.id());
         }
+        let state = match registration.previous_state.take() {
+            Some(previous) if !self.inner.fresh_state => previous,
+            _ => Arc::new((self.inner.factory)(&term)),
+        };
+        if !self.inner.fresh_state {
+            registration.previous_state = Some(state.clone());
+        }
         let context = TermContext {
-            state: Arc::new((self.inner.factory)(&term)),
+            state,
             queue: self.inner.queue.begin_term(term.id()),
             fence,
             term,

@@ -52,7 +52,7 @@ fn fixture(terms: usize) -> Fixture {
         })
     };
     Fixture {
-        gate: Gate::new(queue.clone(), factory, replay),
+        gate: Gate::new(queue.clone(), factory, replay, true),
         queue,
         built,
         cache,

@@ -268,6 +268,7 @@ impl<K: QueueKey> WorkQueue<K> {
             match wake_at {
                 Some(at) => {
                     tokio::select! {
+                        biased;
                         () = notified => {}
                         () = sleep_until(at) => {}
                     }

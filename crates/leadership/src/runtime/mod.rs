@@ -24,6 +24,7 @@ use crate::{
     fence::{Fence, FenceMetrics},
     gate::{Dispatcher, Gate, TermContext},
     queue::{QueueConfig, QueueKey, QueueMetrics, WorkItem, WorkQueue},
+    safeguards::Safeguards,
     term::{Leadership, Term},
 };
 
@@ -50,6 +51,8 @@ pub struct RuntimeConfig {
     pub(crate) resync_period: Option<Duration>,
     /// Queue pacing.
     pub(crate) queue: QueueConfig,
+    /// The fence, the drain and fresh state per term: always on outside tests.
+    pub(crate) safeguards: Safeguards,
 }
 
 /// Builds a [`RuntimeConfig`]; every setting starts at its default.
@@ -174,6 +177,7 @@ impl Default for RuntimeConfig {
             fence_margin: Duration::from_secs(1),
             resync_period: Some(Duration::from_secs(600)),
             queue: QueueConfig::default(),
+            safeguards: Safeguards::default(),
         }
     }
 }
@@ -256,6 +260,14 @@ impl RuntimeConfigBuilder {
         self
     }
 
+    /// Switches protections off, for tests that show what notices their absence.
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn safeguards(mut self, safeguards: Safeguards) -> Self {
+        self.config.safeguards = safeguards;
+        self
+    }
+
     /// Checks the settings.
     pub fn build(self) -> Result<RuntimeConfig, RuntimeConfigError> {
         let Self {
@@ -308,6 +320,7 @@ where
             queue.clone(),
             Arc::new(move |term: &Term| term_app.start_term(term)),
             Arc::new(move |context: &TermContext<K, S>| replay_app.replay(context)),
+            config.safeguards.fresh_state,
         );
         Self {
             config,
@@ -432,14 +445,14 @@ where
         drop(preparing);
         self.gate.close_intake();
         let deadline = Instant::now() + self.config.drain_timeout;
-        if current.is_some() {
+        if current.is_some() && self.config.safeguards.drain {
             self.drain(deadline, &mut current, &mut leadership).await;
         }
         self.queue.close();
         // Wait for in-flight work only while its term lives: a lost term's work can write
         // nothing more (its fence refuses), so a call hanging on a dead connection must not
         // hold the exit until the drain deadline.
-        if current.is_some() {
+        if current.is_some() && self.config.safeguards.drain {
             while let Ok(Some(_)) = tokio::time::timeout_at(deadline, workers.join_next()).await {}
         }
         workers.abort_all();
@@ -466,6 +479,7 @@ where
         );
         loop {
             tokio::select! {
+                biased;
                 () = self.queue.wait_idle() => {
                     // Delayed keys (retries, Services waiting for the cache to show this term's
                     // writes) are handed over: the next leader replays every cached object.
@@ -529,7 +543,8 @@ where
             leadership.clone(),
             self.config.fence_margin,
             self.fence_metrics.clone(),
-        );
+        )
+        .enforced(self.config.safeguards.fence);
         self.gate.start(term.clone(), fence);
         *current = Some(term);
     }

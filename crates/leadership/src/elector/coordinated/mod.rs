@@ -235,6 +235,7 @@ pub(in crate::elector) async fn run<S: LeaseStore>(
     let publishing = publisher.run(stop.clone());
     let mut elector = std::pin::pin!(elector);
     tokio::select! {
+        biased;
         result = &mut elector => {
             // The elector ends only when asked to; report it as the competing elector would.
             warn!("the elector ended before its LeaseCandidate publisher");

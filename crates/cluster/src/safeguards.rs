@@ -1,0 +1,45 @@
+//! The controller's own protections, beside the leadership runtime's
+//! ([`leadership::Safeguards`], in [`ControllerConfig::runtime`](crate::ControllerConfig) and
+//! the Lease configuration).
+//!
+//! Built without the `test-util` feature, the only value is [`Safeguards::default`]: every
+//! protection on. With it, the simulation switches one off at a time to show that its checks
+//! notice.
+
+/// The controller's protections (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Safeguards {
+    /// A new term replays only once every cache is at least as new as a version read from the
+    /// API server after the acquisition (`watch::fresh`).
+    pub(crate) barrier: bool,
+    /// Deletes carry the uid and resourceVersion the plan saw as preconditions.
+    pub(crate) version_fenced_deletes: bool,
+}
+
+// === impl Safeguards ===
+
+impl Default for Safeguards {
+    fn default() -> Self {
+        Self {
+            barrier: true,
+            version_fenced_deletes: true,
+        }
+    }
+}
+
+#[cfg(feature = "test-util")]
+impl Safeguards {
+    /// A new term replays its caches as they are, without the acquisition barrier (tests only).
+    #[must_use]
+    pub fn without_barrier(mut self) -> Self {
+        self.barrier = false;
+        self
+    }
+
+    /// Deletes carry no preconditions (tests only).
+    #[must_use]
+    pub fn without_version_fenced_deletes(mut self) -> Self {
+        self.version_fenced_deletes = false;
+        self
+    }
+}
