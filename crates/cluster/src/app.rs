@@ -1,5 +1,6 @@
-//! The controller's part in the leadership runtime: the acquisition barrier, then the slice
-//! reconciler's fresh per-term state, replay and reconcile.
+//! The controller's part in the leadership runtime: the acquisition barrier, then a fresh
+//! per-term state, the replay of the caches, and the reconcile of one Service. The binary and
+//! the in-process harness both run this one implementation.
 
 use std::sync::Arc;
 
@@ -7,16 +8,17 @@ use leadership::{Action, Reconciler, Term, TermContext};
 use slices::ServiceKey;
 
 use crate::{
+    handlers,
     metrics::Metrics,
-    reconcile::{ReconcileError, SliceReconciler, TermState},
+    reconcile::{ReconcileError, Shared, TermState, reconcile},
     watch::fresh::Freshness,
     writer::WriteApi,
 };
 
-/// [`SliceReconciler`] behind the acquisition barrier: a term replays only once every cache has
-/// been shown at least as new as a version read from the API server after the acquisition.
+/// The slice reconciler behind the acquisition barrier: a term replays only once every cache
+/// has been shown at least as new as a version read from the API server after the acquisition.
 pub struct App<W> {
-    slices: SliceReconciler<W>,
+    shared: Arc<Shared<W>>,
     freshness: Arc<Freshness>,
     metrics: Metrics,
     /// `false` only in tests that switch the barrier off ([`crate::Safeguards`]).
@@ -26,9 +28,11 @@ pub struct App<W> {
 // === impl App ===
 
 impl<W> App<W> {
-    pub fn new(slices: SliceReconciler<W>, freshness: Freshness, metrics: Metrics) -> Self {
+    /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads (a harness
+    /// that feeds its caches by hand gives one over no cache).
+    pub fn new(shared: Arc<Shared<W>>, freshness: Freshness, metrics: Metrics) -> Self {
         Self {
-            slices,
+            shared,
             freshness: Arc::new(freshness),
             metrics,
             barrier: true,
@@ -71,12 +75,12 @@ impl<W: WriteApi> Reconciler for App<W> {
         }
     }
 
-    fn start_term(&self, term: &Term) -> TermState {
-        self.slices.start_term(term)
+    fn start_term(&self, _term: &Term) -> TermState {
+        TermState::new(self.shared.metrics.timing.clone())
     }
 
     fn replay(&self, context: &TermContext<ServiceKey, TermState>) {
-        self.slices.replay(context);
+        handlers::replay(context, &self.shared.caches, &self.shared.config);
     }
 
     fn reconcile(
@@ -84,6 +88,6 @@ impl<W: WriteApi> Reconciler for App<W> {
         key: ServiceKey,
         context: TermContext<ServiceKey, TermState>,
     ) -> impl Future<Output = Result<Action, ReconcileError>> + Send + 'static {
-        self.slices.reconcile(key, context)
+        reconcile(key, context, self.shared.clone())
     }
 }

@@ -53,7 +53,7 @@ use crate::{
     events::Diagnostics,
     handlers::ServiceDispatcher,
     metrics::{KindLabels, LeadershipCollector, Metrics},
-    reconcile::{ReconcileError, Shared, SliceReconciler, TermState},
+    reconcile::{ReconcileError, Shared, TermState},
     timing::Stage,
     watch::{
         fresh::{self, CachedCount, Freshness, ReadVersion},
@@ -175,8 +175,8 @@ impl Controller {
             write_rate: WriteRate::new(config.write_qps),
             stale_limit: config.stale_limit,
         });
-        let app = App::new(SliceReconciler(shared), freshness, metrics.clone())
-            .with_barrier(config.safeguards.barrier);
+        let app =
+            App::new(shared, freshness, metrics.clone()).with_barrier(config.safeguards.barrier);
         let runtime = Runtime::new(config.runtime.clone(), app);
         let elector = match &config.coordinated {
             Some(candidate) => LeaseElector::coordinated_for_client(

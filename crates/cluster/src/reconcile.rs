@@ -13,7 +13,6 @@ pub use crate::handlers::TermState;
 use crate::{
     caches::Caches,
     events::Diagnostics,
-    handlers,
     metrics::{Metrics, Outcome, OutcomeLabels},
     timing::{Began, Stage, Timing, Wait},
     writer::{Pass, WriteApi, WriteError, WriteRate, write_plan},
@@ -45,32 +44,6 @@ pub struct Shared<W> {
     /// How long a Service may wait on a cache that never catches up before the tracker's
     /// records for it are dropped (a safety valve; it should never be reached).
     pub stale_limit: Duration,
-}
-
-/// The controller's part in the leadership runtime: a fresh [`TermState`] per term, replay of
-/// the caches, and [`reconcile`] of one Service.
-pub struct SliceReconciler<W>(pub Arc<Shared<W>>);
-
-impl<W: WriteApi> leadership::Reconciler for SliceReconciler<W> {
-    type Key = ServiceKey;
-    type TermState = TermState;
-    type Error = ReconcileError;
-
-    fn start_term(&self, _term: &leadership::Term) -> TermState {
-        TermState::new(self.0.metrics.timing.clone())
-    }
-
-    fn replay(&self, context: &TermContext<ServiceKey, TermState>) {
-        handlers::replay(context, &self.0.caches, &self.0.config);
-    }
-
-    fn reconcile(
-        &self,
-        key: ServiceKey,
-        context: TermContext<ServiceKey, TermState>,
-    ) -> impl Future<Output = Result<Action, ReconcileError>> + Send + 'static {
-        reconcile(key, context, self.0.clone())
-    }
 }
 
 /// Why a reconcile failed (the queue retries it with backoff).

@@ -34,11 +34,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FakeApi, SliceEvent, SliceServer};
 use crate::{
+    app::App,
     caches::Caches,
     events::Diagnostics,
     handlers::{self, ServiceDispatcher},
     metrics::{Metrics, Outcome, OutcomeLabels},
-    reconcile::{Shared, SliceReconciler},
+    reconcile::Shared,
+    watch::fresh::Freshness,
     writer::WriteRate,
 };
 
@@ -87,7 +89,14 @@ impl Core {
             write_rate: WriteRate::unlimited(),
             stale_limit,
         });
-        let runtime = Runtime::new(runtime_config(), SliceReconciler(shared.clone()));
+        // The production reconciler; its barrier covers no cache, as the test feeds the caches
+        // itself (the barrier is tested in `watch::fresh` and by the simulation).
+        let app = App::new(
+            shared.clone(),
+            Freshness::new(Vec::new()),
+            shared.metrics.clone(),
+        );
+        let runtime = Runtime::new(runtime_config(), app);
         let feed = Feed {
             caches,
             dispatcher: runtime.dispatcher(),
