@@ -500,11 +500,21 @@ impl<S: LeaseStore> Candidate<S> {
         if self.mode == Mode::Coordinated {
             return next;
         }
+        // Wake early for an expiry still ahead of this attempt; one already behind it was
+        // tried just now, and retrying at once would spin while requests fail fast (a refused
+        // connection), as the simulation found.
+        let sooner = |deadline: Instant| {
+            if deadline > started {
+                next.min(deadline)
+            } else {
+                next
+            }
+        };
         match (&self.observed, self.vanished_until) {
             (Some(observed), _) if self.term.is_none() && observed.holder().is_some() => {
-                next.min(observed.expires_at(&self.config))
+                sooner(observed.expires_at(&self.config))
             }
-            (None, Some(until)) if self.term.is_none() && until > Instant::now() => next.min(until),
+            (None, Some(until)) if self.term.is_none() && until > Instant::now() => sooner(until),
             _ => next,
         }
     }

@@ -606,3 +606,32 @@ async fn three_candidates_with_random_faults_never_both_lead() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn candidate_whose_requests_fail_at_once_after_the_lease_expired_waits_between_attempts() {
+    // Found by the simulation: a follower that saw a holder whose lease then expired, and whose
+    // requests all fail at once (a refused connection), retried in a loop without waiting. The
+    // clock is moved by hand (a spinning task would keep paused time from advancing on its own).
+    let store = MemoryLeaseStore::new();
+    store.put(Some(holder_lease("gone", Timestamp::now())));
+    let connection = store.connect();
+    let b = candidate(&connection, "b");
+    tokio::time::advance(Duration::from_millis(10)).await;
+    connection.fail_next(usize::MAX);
+    let step = Duration::from_millis(100);
+    let mut moved = Duration::ZERO;
+    while moved < LEASE_DURATION + 10 * RETRY {
+        tokio::time::advance(step).await;
+        moved += step;
+    }
+    let calls = connection.calls();
+    assert!(
+        calls <= 20,
+        "{calls} attempts in {moved:?}: a failing candidate must wait between attempts"
+    );
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(connection.calls(), calls, "attempts without time passing");
+    assert!(current(&b).is_none());
+}
