@@ -318,6 +318,13 @@ impl<S: LeaseStore> Candidate<S> {
     }
 
     fn react(&mut self, lease: Option<Lease>, now: Instant) -> Reaction {
+        if self.older_than_observed(lease.as_ref()) {
+            // A watch that lags may deliver a record older than one a poll has shown since
+            // (the simulation found a follower that took a stale "released" record for the
+            // current one and re-created the deleted Lease beside the new holder).
+            debug!("ignoring a watched lease record older than the one last read");
+            return Reaction::Nothing;
+        }
         let version = lease
             .as_ref()
             .and_then(|lease| lease.metadata.resource_version.clone());
@@ -426,6 +433,28 @@ impl<S: LeaseStore> Candidate<S> {
             (None, _) => {}
         }
         self.observed = lease.map(|lease| Observed::update(self.observed.take(), lease, now));
+    }
+
+    /// Whether `lease` (from the watch) is older than the record last observed: both carry
+    /// resourceVersions the API server gave (numbers from its storage, increasing), and the
+    /// watched one is smaller. Unparsable versions are never called older.
+    fn older_than_observed(&self, lease: Option<&Lease>) -> bool {
+        let version = |lease: &Lease| {
+            lease
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|version| version.parse::<u64>().ok())
+        };
+        let (Some(watched), Some(observed)) = (
+            lease.and_then(version),
+            self.observed
+                .as_ref()
+                .and_then(|observed| version(&observed.lease)),
+        ) else {
+            return false;
+        };
+        watched < observed
     }
 
     /// Whether a deleted lease's last holder may still be acting (see [`Candidate::observe`]).

@@ -1,0 +1,590 @@
+//! The checks that hold at every step of a simulation, fed by the API server's record of every
+//! write ([`Checks::applied`]), by the links (which replica wrote, in which term), and by the
+//! replicas' published leadership.
+//!
+//! - **(a) No write from an ended term**: when the API applies a slice write of replica r, the
+//!   Lease names r, and has named r without interruption since r sent the write.
+//! - **(b) At most one acting leader**: at no instant do two replicas hold a term whose fence
+//!   would let a write through.
+//! - **(c) Nothing deleted comes back**: once a write left a workload's endpoint out of its
+//!   Service's slices because the workload was deleted or stopped matching, no later write puts
+//!   it back while that is still so.
+//! - **(d) No duplicate at rest**: when the leader has been quiet for a lease duration, no two
+//!   slices of a Service hold the same endpoint of one address family.
+//! - **(e) Convergence**: checked by the world once the faults stop (see `world`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    time::Duration,
+};
+
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice};
+use leadership::Leadership;
+use parking_lot::Mutex;
+use slices::SERVICE_NAME_LABEL;
+use tokio::time::Instant;
+
+/// Which check a violation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Check {
+    /// (a) A slice write landed from a term that had ended.
+    EndedTermWrote,
+    /// (b) Two replicas acted as leader at once.
+    TwoLeaders,
+    /// (c) An endpoint whose removal was published came back.
+    RemovedCameBack,
+    /// (d) Two slices of a Service held one endpoint at rest.
+    DuplicateAtRest,
+    /// (e) The slices did not converge within the bound after the faults stopped.
+    NotConverged,
+    /// (e) A write happened while everything held still after convergence.
+    WroteAtRest,
+}
+
+/// A violation of a documented, open limitation (see [`Known`]): reported and counted, but
+/// not a failure of the run. Each is matched by a precise condition, not by its check alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Known {
+    /// (b): a replica that started while the Lease was missing created it and led while the
+    /// holder of the deleted Lease (paused, cut off) still acted. A missing Lease looks the same
+    /// as one never made; the API server's fence refuses the old holder's writes.
+    MissingLeaseAtStart,
+    /// (c): the writing replica had a watch silently stalled (not yet past the stall bound), so
+    /// it planned on a cache up to that bound old.
+    StalledWatchWithinBound,
+}
+
+/// One broken check.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// Simulated time since the start.
+    pub at: Duration,
+    /// The check.
+    pub check: Check,
+    /// What happened.
+    pub detail: String,
+    /// The documented limitation it falls under, if any.
+    pub known: Option<Known>,
+}
+
+/// A slice write on its way: who sent it, in which term, and what the Lease's owner was then.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    term: Option<u64>,
+    tenure: u64,
+}
+
+/// How the checks judge leadership: the replicas' published terms, and the timings of a fence.
+#[derive(Clone, Copy, Debug)]
+pub struct Judge {
+    /// RenewDeadline of the Lease.
+    pub renew_deadline: Duration,
+    /// The fence margin.
+    pub margin: Duration,
+    /// Whether the fence is on (with it off, every published term acts).
+    pub fence: bool,
+}
+
+/// The state of every check (see the module docs).
+pub struct Checks {
+    state: Mutex<State>,
+    judge: Judge,
+    started: Instant,
+}
+
+struct State {
+    violations: Vec<Violation>,
+    identities: Vec<String>,
+    leaderships: Vec<Option<Leadership>>,
+    /// The Lease as the API last wrote it: holder, and its tenure number (bumped whenever the
+    /// holder becomes someone other than the last holder).
+    holder: Option<String>,
+    last_holder: Option<String>,
+    tenure: u64,
+    /// When the holder last changed, and to whom (for the server's fence with a lagging view).
+    holders: Vec<(Instant, Option<String>)>,
+    slices: BTreeMap<(String, String), EndpointSlice>,
+    services: BTreeMap<(String, String), Service>,
+    /// uid → (namespace, labels) of every workload that exists.
+    workloads: BTreeMap<String, (String, BTreeMap<String, String>)>,
+    /// (namespace, service, workload uid) whose removal was published → by whom, when.
+    removed: BTreeMap<(String, String, String), String>,
+    /// (namespace, service) → workload uids ever seen in its slices.
+    ever_present: BTreeMap<(String, String), BTreeSet<String>>,
+    last_slice_write: Instant,
+    slice_writes: u64,
+    /// When each replica's process last started.
+    started_at: Vec<Instant>,
+    /// When each replica last created the Lease.
+    created_lease_at: Vec<Option<Instant>>,
+    /// Whether each replica has a watch stream open that a fault made silent.
+    stalled: Vec<bool>,
+}
+
+// === impl Checks ===
+
+impl Checks {
+    /// Checks for replicas named `identities`, judged by `judge`.
+    pub fn new(identities: Vec<String>, judge: Judge) -> Self {
+        let now = Instant::now();
+        let count = identities.len();
+        Self {
+            state: Mutex::new(State {
+                violations: Vec::new(),
+                leaderships: vec![None; identities.len()],
+                identities,
+                holder: None,
+                last_holder: None,
+                tenure: 0,
+                holders: vec![(now, None)],
+                slices: BTreeMap::new(),
+                services: BTreeMap::new(),
+                workloads: BTreeMap::new(),
+                removed: BTreeMap::new(),
+                ever_present: BTreeMap::new(),
+                last_slice_write: now,
+                slice_writes: 0,
+                started_at: vec![now; count],
+                created_lease_at: vec![None; count],
+                stalled: vec![false; count],
+            }),
+            judge,
+            started: now,
+        }
+    }
+
+    /// Replica `replica` (re)started with this leadership.
+    pub fn attach(&self, replica: usize, leadership: Leadership) {
+        let mut state = self.state.lock();
+        state.leaderships[replica] = Some(leadership);
+        state.started_at[replica] = Instant::now();
+    }
+
+    /// Whether replica `replica` has a watch stream open that a fault made silent.
+    pub fn set_stalled(&self, replica: usize, stalled: bool) {
+        self.state.lock().stalled[replica] = stalled;
+    }
+
+    /// Replica `replica` is gone (crashed or stopped).
+    pub fn detach(&self, replica: usize) {
+        self.state.lock().leaderships[replica] = None;
+    }
+
+    /// Replica `replica` is sending a slice write while in `term`.
+    pub fn sending(&self, replica: usize, term: Option<u64>) -> Sent {
+        let _ = replica;
+        Sent {
+            term,
+            tenure: self.state.lock().tenure,
+        }
+    }
+
+    /// The API applied a slice write of replica `replica` sent as `sent`: check (a).
+    pub fn slice_written(&self, replica: usize, sent: Sent) {
+        let mut state = self.state.lock();
+        let identity = state.identities[replica].clone();
+        let problem = if sent.term.is_none() && self.judge.fence {
+            Some("it was sent while the replica led no term".to_string())
+        } else if state.holder.as_deref() != Some(identity.as_str()) {
+            Some(format!(
+                "the Lease names {:?} when the write lands",
+                state.holder
+            ))
+        } else if state.tenure != sent.tenure {
+            Some("the Lease changed hands between sending and landing".to_string())
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            let detail = format!(
+                "slice write of {identity} (term {:?}) landed: {problem}",
+                sent.term
+            );
+            self.violate(&mut state, Check::EndedTermWrote, detail);
+        }
+    }
+
+    /// Check (b) now: at most one replica holds a term whose fence passes.
+    pub fn check_leaders(&self) {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let acting: Vec<(usize, leadership::Term)> = state
+            .leaderships
+            .iter()
+            .enumerate()
+            .filter_map(|(replica, leadership)| {
+                let term = leadership.as_ref()?.borrow().clone()?;
+                let safe = term.last_renewed_at() + self.judge.renew_deadline;
+                let acts = !self.judge.fence || safe.checked_sub(self.judge.margin)? > now;
+                acts.then_some((replica, term))
+            })
+            .collect();
+        if acting.len() > 1 {
+            // The documented gap: one of them began its term by creating a missing Lease soon
+            // after its process started.
+            let known = acting.iter().any(|(replica, term)| {
+                state.created_lease_at[*replica].is_some_and(|created| {
+                    term.acquired_at() <= created
+                        && created - state.started_at[*replica] < self.judge.renew_deadline
+                })
+            });
+            let names: Vec<String> = acting
+                .iter()
+                .map(|(replica, term)| {
+                    format!("{} (term {})", state.identities[*replica], term.id())
+                })
+                .collect();
+            let detail = format!("acting at once: {}", names.join(", "));
+            let known = known.then_some(Known::MissingLeaseAtStart);
+            self.record(&mut state, Check::TwoLeaders, detail, known);
+        }
+    }
+
+    /// The replica that leads now, if one does.
+    pub fn leader(&self) -> Option<usize> {
+        let state = self.state.lock();
+        state.leaderships.iter().position(|leadership| {
+            leadership
+                .as_ref()
+                .is_some_and(|leadership| leadership.borrow().is_some())
+        })
+    }
+
+    /// The holder the API server's fence sees `lag` ago.
+    pub fn holder_seen(&self, lag: Duration) -> Option<String> {
+        let state = self.state.lock();
+        let at = Instant::now().checked_sub(lag).unwrap_or(self.started);
+        state
+            .holders
+            .iter()
+            .rev()
+            .find(|(changed, _)| *changed <= at)
+            .and_then(|(_, holder)| holder.clone())
+    }
+
+    /// The API applied a write (any caller): keeps the checks' view of the store, and checks (c).
+    pub fn applied(&self, applied: &apisim::Applied) {
+        let mut state = self.state.lock();
+        match applied.plural.as_str() {
+            "leases" => {
+                if applied.verb == apisim::Verb::Create
+                    && let Some(replica) = state
+                        .identities
+                        .iter()
+                        .position(|name| *name == applied.caller)
+                {
+                    state.created_lease_at[replica] = Some(Instant::now());
+                }
+                let holder = applied
+                    .new
+                    .as_ref()
+                    .and_then(|value| serde_json::from_value::<Lease>(value.clone()).ok())
+                    .and_then(|lease| lease.spec?.holder_identity)
+                    .filter(|holder| !holder.is_empty());
+                if holder.is_some() && holder != state.last_holder {
+                    state.tenure += 1;
+                    state.last_holder = holder.clone();
+                }
+                if holder != state.holder {
+                    state.holders.push((Instant::now(), holder.clone()));
+                }
+                state.holder = holder;
+            }
+            "services" => {
+                let key = key_of(applied);
+                match decode::<Service>(applied) {
+                    Some(service) => state.services.insert(key, service),
+                    None => state.services.remove(&key),
+                };
+            }
+            "externalworkloads" => {
+                let old_uid = applied.old.as_ref().and_then(uid_of);
+                if let Some(uid) = old_uid {
+                    state.workloads.remove(&uid);
+                }
+                if let Some(workload) = decode::<ExternalWorkload>(applied) {
+                    let uid = workload.metadata.uid.clone().unwrap_or_default();
+                    let labels = workload.metadata.labels.clone().unwrap_or_default();
+                    state
+                        .workloads
+                        .insert(uid, (applied_namespace(applied), labels));
+                }
+            }
+            "endpointslices" => self.slice_applied(&mut state, applied),
+            _ => {}
+        }
+        if matches!(applied.plural.as_str(), "services" | "externalworkloads") {
+            // A removal stands only while its workload stays unwanted: once the Service selects
+            // it again, putting it back is right.
+            let wanted: Vec<_> = state
+                .removed
+                .keys()
+                .filter(|(namespace, service, uid)| state.wanted(namespace, service, uid))
+                .cloned()
+                .collect();
+            for entry in wanted {
+                state.removed.remove(&entry);
+            }
+        }
+    }
+
+    /// Check (d): no two slices of a Service hold one endpoint of one family.
+    pub fn check_duplicates(&self, why: &str) {
+        let mut state = self.state.lock();
+        let mut seen: BTreeMap<(String, String, String, String), String> = BTreeMap::new();
+        let mut duplicates = Vec::new();
+        for ((namespace, name), slice) in &state.slices {
+            let Some(service) = service_of(slice) else {
+                continue;
+            };
+            for uid in uids(slice) {
+                let key = (
+                    namespace.clone(),
+                    service.clone(),
+                    slice.address_type.clone(),
+                    uid,
+                );
+                if let Some(other) = seen.insert(key.clone(), name.clone()) {
+                    duplicates.push(format!(
+                        "{}/{} {} in {other} and {name}",
+                        key.0, key.1, key.3
+                    ));
+                }
+            }
+        }
+        if !duplicates.is_empty() {
+            let detail = format!("{why}: {}", duplicates.join("; "));
+            self.violate(&mut state, Check::DuplicateAtRest, detail);
+        }
+    }
+
+    /// Records a violation found outside (convergence).
+    pub fn report(&self, check: Check, detail: String) {
+        let mut state = self.state.lock();
+        self.violate(&mut state, check, detail);
+    }
+
+    /// When the last slice write landed, and how many have.
+    pub fn slice_writes(&self) -> (Instant, u64) {
+        let state = self.state.lock();
+        (state.last_slice_write, state.slice_writes)
+    }
+
+    /// Every violation so far, in order.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.state.lock().violations.clone()
+    }
+
+    fn violate(&self, state: &mut State, check: Check, detail: String) {
+        self.record(state, check, detail, None);
+    }
+
+    fn record(&self, state: &mut State, check: Check, detail: String, known: Option<Known>) {
+        state.violations.push(Violation {
+            at: Instant::now() - self.started,
+            check,
+            detail,
+            known,
+        });
+    }
+
+    /// A slice was written by anyone: the store view, then check (c) for its Service.
+    fn slice_applied(&self, state: &mut State, applied: &apisim::Applied) {
+        let key = key_of(applied);
+        let old = state.slices.get(&key).cloned();
+        match decode::<EndpointSlice>(applied) {
+            Some(slice) => state.slices.insert(key.clone(), slice),
+            None => state.slices.remove(&key),
+        };
+        state.last_slice_write = Instant::now();
+        state.slice_writes += 1;
+        let services: BTreeSet<String> = old
+            .iter()
+            .chain(state.slices.get(&key))
+            .filter_map(service_of)
+            .collect();
+        let by_replica = state.identities.contains(&applied.caller);
+        let writer = format!(
+            "{} at {:.3}s (revision {}, slice {})",
+            applied.caller,
+            (Instant::now() - self.started).as_secs_f64(),
+            applied.revision,
+            key.1
+        );
+        for service in services {
+            self.check_removals(
+                state,
+                &key.0,
+                &service,
+                by_replica.then_some(&writer),
+                &writer,
+            );
+        }
+    }
+
+    /// Check (c) for one Service after a write to its slices.
+    fn check_removals(
+        &self,
+        state: &mut State,
+        namespace: &str,
+        service: &str,
+        replica: Option<&String>,
+        writer: &str,
+    ) {
+        let present: BTreeSet<String> = state
+            .slices
+            .iter()
+            .filter(|((ns, _), slice)| {
+                ns == namespace && service_of(slice).as_deref() == Some(service)
+            })
+            .flat_map(|(_, slice)| uids(slice))
+            .collect();
+        let wanted = |uid: &str| state.wanted(namespace, service, uid);
+        let mut came_back = Vec::new();
+        let mut newly_removed = Vec::new();
+        let mut wanted_again = Vec::new();
+        for (entry, published) in state
+            .removed
+            .iter()
+            .filter(|((ns, svc, _), _)| ns == namespace && svc == service)
+        {
+            match (present.contains(&entry.2), wanted(&entry.2)) {
+                (true, false) => came_back.push((entry.clone(), published.clone())),
+                (_, true) => wanted_again.push(entry.clone()),
+                (false, false) => {}
+            }
+        }
+        // What a replica's write just left out, because its workload is gone or no longer
+        // selected (someone else's edit publishes nothing).
+        if let Some(replica) = replica {
+            for uid in state.candidates(namespace, service) {
+                let entry = (namespace.to_string(), service.to_string(), uid);
+                if !present.contains(&entry.2)
+                    && !wanted(&entry.2)
+                    && !state.removed.contains_key(&entry)
+                {
+                    newly_removed.push((entry, replica.clone()));
+                }
+            }
+        }
+        for entry in wanted_again {
+            state.removed.remove(&entry);
+        }
+        state.removed.extend(newly_removed);
+        state.seen_in(namespace, service, &present);
+        for (entry, published) in came_back {
+            state.removed.remove(&entry);
+            let now = match state.workloads.get(&entry.2) {
+                Some((_, labels)) => format!("labels {labels:?}"),
+                None => "deleted".to_string(),
+            };
+            let selector = state
+                .services
+                .get(&(namespace.to_string(), service.to_string()))
+                .and_then(|service| service.spec.as_ref()?.selector.clone());
+            let detail = format!(
+                "workload {} ({now}; selector {selector:?}) came back into the slices of {namespace}/{service} (written by {writer}) after its removal was published by {published}",
+                entry.2
+            );
+            let stalled = state
+                .identities
+                .iter()
+                .position(|name| writer.split(' ').next() == Some(name.as_str()))
+                .is_some_and(|replica| state.stalled[replica]);
+            let known = stalled.then_some(Known::StalledWatchWithinBound);
+            self.record(state, Check::RemovedCameBack, detail, known);
+        }
+    }
+}
+
+// === impl State ===
+
+impl State {
+    /// Whether the Service `namespace/service` selects the workload `uid` now.
+    fn wanted(&self, namespace: &str, service: &str, uid: &str) -> bool {
+        let Some((ns, labels)) = self.workloads.get(uid) else {
+            return false;
+        };
+        let selector = self
+            .services
+            .get(&(namespace.to_string(), service.to_string()))
+            .and_then(|service| service.spec.as_ref()?.selector.as_ref());
+        ns == namespace
+            && selector.is_some_and(|selector| {
+                selector
+                    .iter()
+                    .all(|(key, value)| labels.get(key) == Some(value))
+            })
+    }
+
+    /// Workloads ever seen in a Service's slices (the ones whose absence can be a removal).
+    fn candidates(&self, namespace: &str, service: &str) -> Vec<String> {
+        self.ever_present
+            .get(&(namespace.to_string(), service.to_string()))
+            .map(|uids| uids.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn seen_in(&mut self, namespace: &str, service: &str, present: &BTreeSet<String>) {
+        self.ever_present
+            .entry((namespace.to_string(), service.to_string()))
+            .or_default()
+            .extend(present.iter().cloned());
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:.3}s {:?}: {}",
+            self.at.as_secs_f64(),
+            self.check,
+            self.detail
+        )?;
+        if let Some(known) = self.known {
+            write!(f, " [known: {known:?}]")?;
+        }
+        Ok(())
+    }
+}
+
+fn key_of(applied: &apisim::Applied) -> (String, String) {
+    (applied_namespace(applied), applied.name.clone())
+}
+
+fn applied_namespace(applied: &apisim::Applied) -> String {
+    applied.namespace.clone().unwrap_or_default()
+}
+
+fn decode<K: serde::de::DeserializeOwned>(applied: &apisim::Applied) -> Option<K> {
+    serde_json::from_value(applied.new.clone()?).ok()
+}
+
+fn uid_of(value: &serde_json::Value) -> Option<String> {
+    value
+        .pointer("/metadata/uid")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+}
+
+fn service_of(slice: &EndpointSlice) -> Option<String> {
+    slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get(SERVICE_NAME_LABEL)
+        .cloned()
+}
+
+/// The uids of the workloads a slice's endpoints point at.
+fn uids(slice: &EndpointSlice) -> Vec<String> {
+    slice
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(|endpoint| endpoint.target_ref.as_ref()?.uid.clone())
+        .collect()
+}

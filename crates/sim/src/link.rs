@@ -1,0 +1,504 @@
+//! Each replica's link to the API server, where network and process faults are placed: a tower
+//! layer between the replica's `kube::Client` and the in-memory API.
+//!
+//! ```text
+//!  replica's kube::Client ─► LinkService (cut? paused? 503? slow?) ─► in-memory API
+//!                       ◄── FaultBody (watch frames: lagged, held, stalled, broken) ◄──
+//! ```
+//!
+//! Every slice write the API applies for this replica is reported to the [`Checks`] with the
+//! term the replica was in when it sent it, so a write from an ended term is caught at the
+//! instant it lands.
+
+use std::{
+    collections::VecDeque,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use leadership::Leadership;
+use parking_lot::Mutex;
+use tokio::{
+    sync::{mpsc, watch},
+    time::{Instant, Sleep},
+};
+use tower::{Service, ServiceExt};
+
+use crate::{checks::Checks, rng::Rng};
+
+/// Errors crossing the link.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One replica's link: its faults, and how to reach the world.
+pub struct Link {
+    replica: usize,
+    state: Mutex<LinkState>,
+    changed: watch::Sender<u64>,
+    crashes: mpsc::UnboundedSender<usize>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    cut: bool,
+    paused: bool,
+    error_percent: u64,
+    slow: Duration,
+    lag: Duration,
+    /// Streams with an id below this are silent for good.
+    stalled_below: u64,
+    /// Streams with an id below this end (with an error when `broken`).
+    ended_below: u64,
+    next_stream: u64,
+    crash_after_write: bool,
+    leadership: Option<Leadership>,
+    rng: Option<Rng>,
+    /// Watch streams still open (not dropped by the replica).
+    open: std::collections::BTreeSet<u64>,
+    checks: Option<Arc<Checks>>,
+}
+
+/// What a request is, as far as faults and checks care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Watch,
+    SliceWrite,
+    Other,
+}
+
+// === impl Link ===
+
+impl Link {
+    /// The link of replica `replica`; `crashes` receives the replica's number when a
+    /// crash-after-write fault fires.
+    pub fn new(replica: usize, rng: Rng, crashes: mpsc::UnboundedSender<usize>) -> Arc<Self> {
+        Arc::new(Self {
+            replica,
+            state: Mutex::new(LinkState {
+                rng: Some(rng),
+                ..LinkState::default()
+            }),
+            changed: watch::channel(0).0,
+            crashes,
+        })
+    }
+
+    /// The replica's leadership, to attribute its writes to a term, and the checks to tell
+    /// whether a stalled stream is open (set at each start).
+    pub fn attach(&self, leadership: Leadership, checks: Arc<Checks>) {
+        self.update(|state| {
+            state.leadership = Some(leadership);
+            state.checks = Some(checks);
+        });
+    }
+
+    /// Requests fail and open streams break, until [`Link::heal`].
+    pub fn cut(&self) {
+        self.update(|state| {
+            state.cut = true;
+            state.ended_below = state.next_stream;
+        });
+    }
+
+    /// Requests are held and streams deliver nothing, until [`Link::heal`].
+    pub fn pause(&self) {
+        self.update(|state| state.paused = true);
+    }
+
+    /// `percent` of requests are answered 503.
+    pub fn errors(&self, percent: u64) {
+        self.update(|state| state.error_percent = percent);
+    }
+
+    /// Answers arrive `delay` late.
+    pub fn slow(&self, delay: Duration) {
+        self.update(|state| state.slow = delay);
+    }
+
+    /// Watch events arrive `lag` late.
+    pub fn lag(&self, lag: Duration) {
+        self.update(|state| state.lag = lag);
+    }
+
+    /// The streams open now go silent for good (the replica must notice and reconnect).
+    pub fn stall(&self) {
+        self.update(|state| state.stalled_below = state.next_stream);
+    }
+
+    /// The streams open now end (the replica resumes, or lists again).
+    pub fn end_streams(&self) {
+        self.update(|state| state.ended_below = state.next_stream);
+    }
+
+    /// The replica crashes right after its next slice write is applied.
+    pub fn crash_after_next_write(&self) {
+        self.update(|state| state.crash_after_write = true);
+    }
+
+    /// The cut ends.
+    pub fn uncut(&self) {
+        self.update(|state| state.cut = false);
+    }
+
+    /// The pause ends: held requests and frames go through.
+    pub fn unpause(&self) {
+        self.update(|state| state.paused = false);
+    }
+
+    /// Every fault of this link ends (stalled streams stay stalled: the replica replaces them).
+    pub fn heal(&self) {
+        self.update(|state| {
+            state.cut = false;
+            state.paused = false;
+            state.error_percent = 0;
+            state.slow = Duration::ZERO;
+            state.lag = Duration::ZERO;
+            state.crash_after_write = false;
+        });
+    }
+
+    /// Whether any fault is in force.
+    pub fn faulty(&self) -> bool {
+        let state = self.state.lock();
+        state.cut
+            || state.paused
+            || state.error_percent > 0
+            || !state.slow.is_zero()
+            || !state.lag.is_zero()
+    }
+
+    fn update(&self, change: impl FnOnce(&mut LinkState)) {
+        {
+            let mut state = self.state.lock();
+            change(&mut state);
+            state.report_stalls(self.replica);
+        }
+        self.changed.send_modify(|generation| *generation += 1);
+    }
+
+    /// The replica's term now, if it leads.
+    fn term(&self) -> Option<u64> {
+        let state = self.state.lock();
+        let leadership = state.leadership.as_ref()?;
+        leadership.borrow().as_ref().map(leadership::Term::id)
+    }
+
+    async fn unpaused(&self) {
+        let mut changed = self.changed.subscribe();
+        while self.state.lock().paused {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn roll_error(&self) -> bool {
+        let mut state = self.state.lock();
+        let percent = state.error_percent;
+        percent > 0 && state.rng.as_mut().is_some_and(|rng| rng.chance(percent))
+    }
+
+    fn open_stream(&self) -> u64 {
+        let mut state = self.state.lock();
+        state.next_stream += 1;
+        let id = state.next_stream - 1;
+        state.open.insert(id);
+        id
+    }
+
+    fn close_stream(&self, id: u64) {
+        let mut state = self.state.lock();
+        state.open.remove(&id);
+        state.report_stalls(self.replica);
+    }
+}
+
+// === impl LinkState ===
+
+impl LinkState {
+    /// Tells the checks whether a stream a fault silenced is still open.
+    fn report_stalls(&self, replica: usize) {
+        let stalled = self.open.iter().any(|id| *id < self.stalled_below);
+        if let Some(checks) = &self.checks {
+            checks.set_stalled(replica, stalled);
+        }
+    }
+}
+
+/// The tower service of one replica's link (see the module docs).
+#[derive(Clone)]
+pub struct LinkService<S> {
+    inner: S,
+    link: Arc<Link>,
+    checks: Arc<Checks>,
+}
+
+// === impl LinkService ===
+
+impl<S> LinkService<S> {
+    /// `inner` (the API), reached through `link`, reporting writes to `checks`.
+    pub fn new(inner: S, link: Arc<Link>, checks: Arc<Checks>) -> Self {
+        Self {
+            inner,
+            link,
+            checks,
+        }
+    }
+}
+
+impl<S, B> Service<Request<kube::client::Body>> for LinkService<S>
+where
+    S: Service<Request<kube::client::Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<FaultBody<B>>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        let link = self.link.clone();
+        let checks = self.checks.clone();
+        Box::pin(async move {
+            link.unpaused().await;
+            if link.state.lock().cut {
+                return Err("connection refused (simulated network cut)".into());
+            }
+            if link.roll_error() {
+                return Ok(unavailable());
+            }
+            let kind = Kind::of(&request);
+            let sent =
+                (kind == Kind::SliceWrite).then(|| checks.sending(link.replica, link.term()));
+            let response = inner.oneshot(request).await.map_err(Into::into)?;
+            if let Some(sent) = sent
+                && response.status().is_success()
+            {
+                checks.slice_written(link.replica, sent);
+                let crash = std::mem::take(&mut link.state.lock().crash_after_write);
+                if crash {
+                    let _ = link.crashes.send(link.replica);
+                    // The process is gone: nobody reads this answer.
+                    return std::future::pending().await;
+                }
+            }
+            let slow = link.state.lock().slow;
+            if !slow.is_zero() {
+                tokio::time::sleep(slow).await;
+            }
+            let stream = (kind == Kind::Watch).then(|| link.open_stream());
+            Ok(response.map(|body| FaultBody::new(body, link, stream)))
+        })
+    }
+}
+
+// === impl Kind ===
+
+impl Kind {
+    fn of<T>(request: &Request<T>) -> Self {
+        let uri = request.uri();
+        let watch = uri.query().is_some_and(|query| {
+            query
+                .split('&')
+                .any(|pair| pair == "watch=true" || pair == "watch=1")
+        });
+        if watch {
+            return Kind::Watch;
+        }
+        let write = matches!(
+            *request.method(),
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        );
+        if write && uri.path().contains("/endpointslices") {
+            Kind::SliceWrite
+        } else {
+            Kind::Other
+        }
+    }
+}
+
+fn unavailable<B>() -> Response<FaultBody<B>> {
+    let status = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "simulated: the server is currently unable to handle the request",
+        "reason": "ServiceUnavailable",
+        "code": 503,
+    });
+    let mut response = Response::new(FaultBody::full(Bytes::from(status.to_string())));
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// A response body seen through the link: watch frames lagged, held while paused, silent once
+/// stalled, cut off when the link breaks.
+pub struct FaultBody<B> {
+    inner: Option<B>,
+    link: Option<Arc<Link>>,
+    /// The stream's id, for a watch.
+    stream: Option<u64>,
+    /// Frames read from the API, with the instant each may be delivered.
+    queue: VecDeque<(Instant, Frame<Bytes>)>,
+    inner_done: bool,
+    timer: Option<Pin<Box<Sleep>>>,
+    changed: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// A whole body made here (a simulated error answer).
+    full: Option<Bytes>,
+}
+
+impl<B> Drop for FaultBody<B> {
+    fn drop(&mut self) {
+        if let (Some(link), Some(stream)) = (&self.link, self.stream) {
+            link.close_stream(stream);
+        }
+    }
+}
+
+// === impl FaultBody ===
+
+impl<B> FaultBody<B> {
+    fn new(inner: B, link: Arc<Link>, stream: Option<u64>) -> Self {
+        Self {
+            inner: Some(inner),
+            link: Some(link),
+            stream,
+            queue: VecDeque::new(),
+            inner_done: false,
+            timer: None,
+            changed: None,
+            full: None,
+        }
+    }
+
+    fn full(bytes: Bytes) -> Self {
+        Self {
+            inner: None,
+            link: None,
+            stream: None,
+            queue: VecDeque::new(),
+            inner_done: true,
+            timer: None,
+            changed: None,
+            full: Some(bytes),
+        }
+    }
+
+    /// Registers for the next change of the link's faults; `true` if one already happened.
+    fn link_changed(&mut self, link: &Arc<Link>, cx: &mut Context<'_>) -> bool {
+        let changed = self.changed.get_or_insert_with(|| {
+            let mut receiver = link.changed.subscribe();
+            Box::pin(async move {
+                let _ = receiver.changed().await;
+            })
+        });
+        if changed.as_mut().poll(cx).is_ready() {
+            self.changed = None;
+            return true;
+        }
+        false
+    }
+}
+
+impl<B> Body for FaultBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(full) = this.full.take() {
+            return Poll::Ready(Some(Ok(Frame::data(full))));
+        }
+        let (Some(_), Some(link)) = (this.inner.as_ref(), this.link.clone()) else {
+            return Poll::Ready(None);
+        };
+        let Some(stream) = this.stream else {
+            // Not a watch: the answer passes as it is.
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            return Pin::new(inner).poll_frame(cx).map_err(Into::into);
+        };
+        loop {
+            let (paused, stalled, ended, cut, lag) = {
+                let state = link.state.lock();
+                (
+                    state.paused,
+                    stream < state.stalled_below,
+                    stream < state.ended_below,
+                    state.cut,
+                    state.lag,
+                )
+            };
+            if ended {
+                this.inner = None;
+                return Poll::Ready(cut.then(|| Err("connection reset (simulated)".into())));
+            }
+            while !this.inner_done {
+                let Some(inner) = this.inner.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                match Pin::new(inner).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        this.queue.push_back((Instant::now() + lag, frame));
+                    }
+                    Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error.into()))),
+                    Poll::Ready(None) => this.inner_done = true,
+                    Poll::Pending => break,
+                }
+            }
+            if !(paused || stalled) {
+                match this.queue.front() {
+                    Some((at, _)) if *at <= Instant::now() => {
+                        this.timer = None;
+                        let frame = this.queue.pop_front().map(|(_, frame)| Ok(frame));
+                        return Poll::Ready(frame);
+                    }
+                    Some((at, _)) => {
+                        let at = *at;
+                        let timer = this
+                            .timer
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                        if timer.deadline() != at {
+                            timer.as_mut().reset(at);
+                        }
+                        if timer.as_mut().poll(cx).is_ready() {
+                            continue;
+                        }
+                    }
+                    None if this.inner_done => return Poll::Ready(None),
+                    None => {}
+                }
+            }
+            if this.link_changed(&link, cx) {
+                continue;
+            }
+            return Poll::Pending;
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! A seed's schedule: changes to Services and workloads, and faults placed between them, each at
+//! a simulated instant. Generated up front from the seed alone, so it can be printed, traced and
+//! replayed; the few choices that depend on the run (which replica leads when a fault strikes)
+//! are made by the world from the same seed.
+
+use std::{collections::BTreeMap, fmt, time::Duration};
+
+use crate::rng::Rng;
+
+/// The namespaces of the world.
+pub const NAMESPACES: [&str; 2] = ["alpha", "beta"];
+/// The values of the `app` label: Services select one each; `idle` selects nothing.
+pub const APPS: [&str; 4] = ["web", "api", "db", "idle"];
+/// The names of the Services of each namespace.
+pub const SERVICES: [&str; 3] = ["web", "api", "db"];
+/// Zones a workload can be in.
+pub const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+
+/// What a schedule holds, and how the world around it runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Controller replicas.
+    pub replicas: usize,
+    /// Changes and faults happen in `0..duration`; then every fault heals.
+    pub duration: Duration,
+    /// Faults in the schedule.
+    pub faults: usize,
+    /// Changes to Services and workloads in the schedule.
+    pub changes: usize,
+    /// Workloads created before the replicas start, per namespace.
+    pub initial_workloads: usize,
+}
+
+/// When a step happens, and what it is.
+#[derive(Clone, Debug)]
+pub struct Timed {
+    /// Simulated time since the start.
+    pub at: Duration,
+    /// The step.
+    pub step: Step,
+}
+
+/// One step of a schedule.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// A change someone makes to the cluster's inputs.
+    Change(Change),
+    /// A fault.
+    Fault(Fault),
+}
+
+/// A change to a Service or a workload, written by the world's client (never faulted).
+#[derive(Clone, Debug)]
+#[allow(missing_docs)] // the fields name what they hold; each variant's doc says what it does
+pub enum Change {
+    /// A new workload (a no-op if one of that name exists).
+    CreateWorkload(WorkloadSpec),
+    /// A workload deleted.
+    DeleteWorkload { namespace: usize, name: String },
+    /// Deleted and created again under the same name (a new uid).
+    RecreateWorkload { namespace: usize, name: String },
+    /// Its `app` label changed.
+    Relabel {
+        namespace: usize,
+        name: String,
+        app: usize,
+    },
+    /// Its IP changed.
+    Readdress {
+        namespace: usize,
+        name: String,
+        ip: u8,
+    },
+    /// Its Ready condition changed.
+    Readiness {
+        namespace: usize,
+        name: String,
+        ready: bool,
+    },
+    /// Its zone changed.
+    Rezone {
+        namespace: usize,
+        name: String,
+        zone: usize,
+    },
+    /// A Service's selector changed.
+    Reselect {
+        namespace: usize,
+        service: usize,
+        app: usize,
+    },
+    /// A Service's targetPort switched between the named port and a number.
+    Retarget {
+        namespace: usize,
+        service: usize,
+        numeric: bool,
+    },
+    /// A Service deleted (its slices go with it, as the garbage collector does) and created again
+    /// after `after`.
+    RecreateService {
+        namespace: usize,
+        service: usize,
+        after: Duration,
+    },
+}
+
+/// A workload to create.
+#[derive(Clone, Debug)]
+pub struct WorkloadSpec {
+    /// Index into [`NAMESPACES`].
+    pub namespace: usize,
+    /// Its name.
+    pub name: String,
+    /// Index into [`APPS`].
+    pub app: usize,
+    /// Last octet of its IPv4 address.
+    pub ip: u8,
+    /// Whether it also has an IPv6 address.
+    pub dual_stack: bool,
+    /// Ready condition.
+    pub ready: bool,
+    /// Index into [`ZONES`].
+    pub zone: usize,
+}
+
+/// Which replica a fault strikes, resolved when it happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The replica leading at that moment (any replica if none leads).
+    Leader,
+    /// A replica that does not lead at that moment (any if all follow).
+    Follower,
+}
+
+/// A fault, and how long it lasts.
+#[derive(Clone, Debug)]
+#[allow(missing_docs)] // the fields name what they hold; each variant's doc says what it does
+pub enum Fault {
+    /// The replica's open watch streams go silent (the connection stays up, nothing arrives).
+    StallWatches { target: Target },
+    /// Every watch event reaches the replica `lag` late, in order.
+    LagWatches {
+        target: Target,
+        lag: Duration,
+        lasting: Duration,
+    },
+    /// The replica cannot reach the API server: requests fail, open streams break.
+    Cut { target: Target, lasting: Duration },
+    /// The replica's requests are held (neither answered nor failed) and its streams deliver
+    /// nothing; all of it goes through when the pause ends.
+    Pause { target: Target, lasting: Duration },
+    /// This percentage of the replica's requests are answered 503.
+    Errors {
+        target: Target,
+        percent: u64,
+        lasting: Duration,
+    },
+    /// Every answer reaches the replica `delay` late.
+    Slow {
+        target: Target,
+        delay: Duration,
+        lasting: Duration,
+    },
+    /// The process is killed; it starts again, with empty caches, after `restart_after`.
+    Crash {
+        target: Target,
+        restart_after: Duration,
+    },
+    /// A graceful stop (SIGTERM: drain, release); started again after `restart_after`.
+    Stop {
+        target: Target,
+        restart_after: Duration,
+    },
+    /// The leader is killed right after its next slice write is applied (between two writes of
+    /// one reconcile, when it has several).
+    CrashAfterNextWrite { restart_after: Duration },
+    /// The API server compacts its history and the replica's watches reconnect: they are
+    /// answered 410 Gone and must list again.
+    Expire { target: Target },
+    /// The next `count` slice writes are refused with 409, as if another writer got there first.
+    Conflicts { count: u32 },
+    /// Someone else deletes one of the managed slices.
+    ForeignDelete { pick: u64 },
+    /// Someone else removes the first endpoint of one of the managed slices.
+    ForeignEdit { pick: u64 },
+    /// Someone deletes the Lease.
+    DeleteLease,
+    /// Someone writes another holder into the Lease.
+    OverwriteLease,
+    /// A follower's watches fall `lag` behind, then the leader is killed: the new leader's view
+    /// lags the store (the stale-view pattern).
+    StaleTakeover {
+        lag: Duration,
+        lasting: Duration,
+        restart_after: Duration,
+    },
+}
+
+// === impl Options ===
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            replicas: 3,
+            duration: Duration::from_secs(120),
+            faults: 24,
+            changes: 80,
+            initial_workloads: 6,
+        }
+    }
+}
+
+// === impl Schedule ===
+
+/// The initial workloads and the timed steps of one seed.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// Created before the replicas start.
+    pub initial: Vec<WorkloadSpec>,
+    /// In time order.
+    pub steps: Vec<Timed>,
+}
+
+impl Schedule {
+    /// The schedule of `seed`.
+    pub fn generate(rng: &mut Rng, options: &Options) -> Self {
+        let mut names = Names::default();
+        let initial = (0..NAMESPACES.len())
+            .flat_map(|namespace| (0..options.initial_workloads).map(move |_| namespace))
+            .map(|namespace| names.new_workload(rng, namespace))
+            .collect::<Vec<_>>();
+        let mut steps = Vec::new();
+        let span = options.duration.as_millis() as u64;
+        for _ in 0..options.changes {
+            let at = Duration::from_millis(rng.below(span));
+            steps.push(Timed {
+                at,
+                step: Step::Change(names.change(rng)),
+            });
+        }
+        for _ in 0..options.faults {
+            // Faults start after the first leader is in place and leave room to heal.
+            let at = Duration::from_millis(3_000 + rng.below(span.saturating_sub(3_000)));
+            steps.push(Timed {
+                at,
+                step: Step::Fault(fault(rng)),
+            });
+        }
+        steps.sort_by_key(|timed| timed.at);
+        Self { initial, steps }
+    }
+}
+
+/// The workload names a schedule has used, so changes mostly name workloads that exist.
+#[derive(Default)]
+struct Names {
+    next: u32,
+    workloads: BTreeMap<usize, Vec<String>>,
+}
+
+// === impl Names ===
+
+impl Names {
+    fn new_workload(&mut self, rng: &mut Rng, namespace: usize) -> WorkloadSpec {
+        self.next += 1;
+        let name = format!("vm-{}", self.next);
+        self.workloads
+            .entry(namespace)
+            .or_default()
+            .push(name.clone());
+        WorkloadSpec {
+            namespace,
+            name,
+            app: rng.index(APPS.len()),
+            ip: u8::try_from(10 + rng.below(200)).unwrap_or(10),
+            dual_stack: rng.chance(25),
+            ready: rng.chance(80),
+            zone: rng.index(ZONES.len()),
+        }
+    }
+
+    fn existing(&mut self, rng: &mut Rng) -> (usize, String) {
+        let namespace = rng.index(NAMESPACES.len());
+        let names = self.workloads.entry(namespace).or_default();
+        if names.is_empty() {
+            return (namespace, "vm-0".to_string());
+        }
+        (namespace, rng.pick(names).clone())
+    }
+
+    fn change(&mut self, rng: &mut Rng) -> Change {
+        let roll = rng.below(100);
+        if roll < 15 {
+            let namespace = rng.index(NAMESPACES.len());
+            return Change::CreateWorkload(self.new_workload(rng, namespace));
+        }
+        let (namespace, name) = self.existing(rng);
+        match roll {
+            15..25 => Change::DeleteWorkload { namespace, name },
+            25..32 => Change::RecreateWorkload { namespace, name },
+            32..47 => Change::Relabel {
+                namespace,
+                name,
+                app: rng.index(APPS.len()),
+            },
+            47..57 => Change::Readdress {
+                namespace,
+                name,
+                ip: u8::try_from(10 + rng.below(200)).unwrap_or(10),
+            },
+            57..72 => Change::Readiness {
+                namespace,
+                name,
+                ready: rng.chance(60),
+            },
+            72..80 => Change::Rezone {
+                namespace,
+                name,
+                zone: rng.index(ZONES.len()),
+            },
+            80..88 => Change::Reselect {
+                namespace,
+                service: rng.index(SERVICES.len()),
+                app: rng.index(APPS.len()),
+            },
+            88..94 => Change::Retarget {
+                namespace,
+                service: rng.index(SERVICES.len()),
+                numeric: rng.chance(50),
+            },
+            _ => Change::RecreateService {
+                namespace,
+                service: rng.index(SERVICES.len()),
+                after: rng.millis(0, 5_000),
+            },
+        }
+    }
+}
+
+fn target(rng: &mut Rng) -> Target {
+    if rng.chance(60) {
+        Target::Leader
+    } else {
+        Target::Follower
+    }
+}
+
+fn fault(rng: &mut Rng) -> Fault {
+    let lasting = rng.millis(500, 20_000);
+    match rng.below(16) {
+        0 => Fault::StallWatches {
+            target: target(rng),
+        },
+        1 => Fault::LagWatches {
+            target: target(rng),
+            lag: rng.millis(50, 5_000),
+            lasting,
+        },
+        2 => Fault::Cut {
+            target: target(rng),
+            lasting,
+        },
+        3 => Fault::Pause {
+            target: target(rng),
+            lasting,
+        },
+        4 => Fault::Errors {
+            target: target(rng),
+            percent: 20 + rng.below(80),
+            lasting,
+        },
+        5 => Fault::Slow {
+            target: target(rng),
+            delay: rng.millis(10, 3_000),
+            lasting,
+        },
+        6 => Fault::Crash {
+            target: target(rng),
+            restart_after: rng.millis(0, 10_000),
+        },
+        7 => Fault::Stop {
+            target: target(rng),
+            restart_after: rng.millis(0, 10_000),
+        },
+        8 => Fault::CrashAfterNextWrite {
+            restart_after: rng.millis(0, 10_000),
+        },
+        9 => Fault::Expire {
+            target: target(rng),
+        },
+        10 => Fault::Conflicts {
+            count: 1 + u32::try_from(rng.below(3)).unwrap_or(0),
+        },
+        11 => Fault::ForeignDelete {
+            pick: rng.next_u64(),
+        },
+        12 => Fault::ForeignEdit {
+            pick: rng.next_u64(),
+        },
+        13 => Fault::DeleteLease,
+        14 => Fault::OverwriteLease,
+        _ => Fault::StaleTakeover {
+            lag: rng.millis(500, 5_000),
+            lasting,
+            restart_after: rng.millis(0, 10_000),
+        },
+    }
+}
+
+impl fmt::Display for Timed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>9.3}s {:?}", self.at.as_secs_f64(), self.step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_is_a_function_of_its_seed_and_holds_what_the_options_ask() {
+        let options = Options::default();
+        let one = Schedule::generate(&mut Rng::new(42), &options);
+        let again = Schedule::generate(&mut Rng::new(42), &options);
+        assert_eq!(format!("{:?}", one.steps), format!("{:?}", again.steps));
+        let faults = one
+            .steps
+            .iter()
+            .filter(|timed| matches!(timed.step, Step::Fault(_)))
+            .count();
+        assert_eq!(faults, options.faults);
+        assert_eq!(one.steps.len(), options.faults + options.changes);
+        assert!(one.steps.windows(2).all(|pair| pair[0].at <= pair[1].at));
+        assert!(one.steps.iter().all(|timed| timed.at < options.duration));
+        let other = Schedule::generate(&mut Rng::new(43), &options);
+        assert_ne!(format!("{:?}", one.steps), format!("{:?}", other.steps));
+    }
+}

@@ -1,0 +1,145 @@
+//! The simulation's sweeps over seeds, its determinism, and the replay of one seed.
+//!
+//! - `every_seed_keeps_every_check_as_deployed`: `SIM_SEEDS` seeds (default 2000), 3 replicas,
+//!   120 simulated seconds and 24 faults each, with every protection (the API server's fence
+//!   too). Any failing seed prints its replay command, its trace file and its first violation.
+//! - `the_controller_alone_keeps_every_check`: `SIM_ALONE_SEEDS` seeds (default 500) without
+//!   the API server's fence: the controller's own protections suffice.
+//! - `the_same_seed_gives_the_same_run`: seeds run twice give the same request log hash and
+//!   the same findings.
+//! - `replay`: the seed in `SIM_SEED` (default 1), with `SIM_OFF` / `SIM_SERVER_FENCE` as a
+//!   replay command sets them, its schedule and findings printed.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use sim::{
+    Options, Setup,
+    sweep::{sweep, threads, write_trace},
+};
+
+fn count(variable: &str, default: u64) -> u64 {
+    std::env::var(variable)
+        .ok()
+        .and_then(|seeds| seeds.parse().ok())
+        .unwrap_or(default)
+}
+
+fn all_seeds_pass(setup: Setup, count: u64) {
+    let options = Options::default();
+    #[allow(clippy::disallowed_types)] // the wall-clock time of a sweep, outside any runtime
+    let started = std::time::Instant::now();
+    let result = sweep(1..=count, &options, setup, threads(), false);
+    let wall = started.elapsed();
+    println!(
+        "{setup:?}: {} seeds in {:.1}s ({:.1} seeds/s), {:.0} simulated s ({:.0}x wall); worst convergence after the faults: {:?}",
+        result.seeds,
+        wall.as_secs_f64(),
+        result.seeds as f64 / wall.as_secs_f64(),
+        result.simulated.as_secs_f64(),
+        result.simulated.as_secs_f64() / wall.as_secs_f64(),
+        result.worst_convergence,
+    );
+    for (known, (seeds, first)) in &result.known {
+        println!("known limitation {known:?}: {seeds} seeds (first: {first})");
+    }
+    for report in &result.failures {
+        let trace = write_trace(report, setup);
+        println!(
+            "{report}\n  replay: {}\n  trace: {trace:?}",
+            report.replay_command(setup)
+        );
+    }
+    assert_eq!(result.seeds, count);
+    assert!(
+        result.failures.is_empty(),
+        "{} of {count} seeds broke a check (see above)",
+        result.failures.len()
+    );
+}
+
+#[test]
+fn every_seed_keeps_every_check_as_deployed() {
+    all_seeds_pass(Setup::DEPLOYED, count("SIM_SEEDS", 2_000));
+}
+
+#[test]
+fn the_controller_alone_keeps_every_check() {
+    // Other seeds than the sweep above.
+    let count = count("SIM_ALONE_SEEDS", 500);
+    let options = Options::default();
+    let result = sweep(
+        1_000_001..=1_000_000 + count,
+        &options,
+        Setup::CONTROLLER_ALONE,
+        threads(),
+        false,
+    );
+    for report in &result.failures {
+        let trace = write_trace(report, Setup::CONTROLLER_ALONE);
+        println!(
+            "{report}\n  replay: {}\n  trace: {trace:?}",
+            report.replay_command(Setup::CONTROLLER_ALONE)
+        );
+    }
+    assert_eq!(result.seeds, count);
+    assert!(result.failures.is_empty(), "see above");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let options = Options::default();
+    for seed in [3, 17, 101, 4242] {
+        let first = sim::run(seed, &options, Setup::DEPLOYED);
+        let second = sim::run(seed, &options, Setup::DEPLOYED);
+        assert_eq!(
+            first.trace_hash, second.trace_hash,
+            "seed {seed}: two runs sent different requests"
+        );
+        assert_eq!(first.slice_writes, second.slice_writes, "seed {seed}");
+        assert_eq!(
+            format!("{:?}", first.violations),
+            format!("{:?}", second.violations),
+            "seed {seed}"
+        );
+    }
+    let other = sim::run(4243, &options, Setup::DEPLOYED);
+    let first = sim::run(4242, &options, Setup::DEPLOYED);
+    assert_ne!(
+        other.trace_hash, first.trace_hash,
+        "different seeds, different runs"
+    );
+}
+
+#[test]
+fn replay() {
+    let seed = count("SIM_SEED", 1);
+    if let Ok(filter) = std::env::var("SIM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_timer(SimulatedTime::default())
+            .with_ansi(false)
+            .with_test_writer()
+            .try_init();
+    }
+    let setup = Setup::from_env();
+    let report = sim::run(seed, &Options::default(), setup);
+    let trace = write_trace(&report, setup);
+    println!("{}\ntrace: {trace:?}", report.trace());
+    if setup.off.is_none() {
+        assert!(report.passed(), "{report}");
+    }
+}
+
+/// Log timestamps in simulated seconds since the first line.
+#[derive(Default)]
+struct SimulatedTime(std::sync::OnceLock<tokio::time::Instant>);
+
+impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let start = *self.0.get_or_init(tokio::time::Instant::now);
+        write!(
+            w,
+            "{:>9.3}s",
+            (tokio::time::Instant::now() - start).as_secs_f64()
+        )
+    }
+}
