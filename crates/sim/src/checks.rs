@@ -80,7 +80,7 @@ pub struct Violation {
 }
 
 /// A slice write on its way: who sent it, in which term, and what the Lease's owner was then.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Sent {
     term: Option<u64>,
     tenure: u64,
@@ -90,6 +90,8 @@ pub struct Sent {
     forced_recently: bool,
     /// When it was sent.
     at: Instant,
+    /// The slice an update or delete names (guarded by its version).
+    guarded: Option<(String, String)>,
 }
 
 /// How the checks judge leadership: the replicas' published terms, and the timings of a fence.
@@ -134,6 +136,8 @@ struct State {
     /// Lease writes by someone other than a replica (deletions, overwrites), and the last one.
     forced: u64,
     forced_at: Option<Instant>,
+    /// The recent writes of each slice: when, and by whom.
+    slice_history: BTreeMap<(String, String), Vec<(Instant, String)>>,
     /// When each replica's process last started.
     started_at: Vec<Instant>,
     /// When each replica last created the Lease.
@@ -167,6 +171,7 @@ impl Checks {
                 slice_writes: 0,
                 forced: 0,
                 forced_at: None,
+                slice_history: BTreeMap::new(),
                 started_at: vec![now; count],
                 created_lease_at: vec![None; count],
                 stalled: vec![false; count],
@@ -194,7 +199,12 @@ impl Checks {
     }
 
     /// Replica `replica` is sending a slice write while in `term`.
-    pub fn sending(&self, replica: usize, term: Option<u64>) -> Sent {
+    pub fn sending(
+        &self,
+        replica: usize,
+        term: Option<u64>,
+        guarded: Option<(String, String)>,
+    ) -> Sent {
         let _ = replica;
         let state = self.state.lock();
         Sent {
@@ -205,6 +215,7 @@ impl Checks {
                 .forced_at
                 .is_some_and(|at| Instant::now() - at < self.judge.renew_deadline),
             at: Instant::now(),
+            guarded,
         }
     }
 
@@ -235,7 +246,8 @@ impl Checks {
             let valid = sent.term.is_some();
             let known = if valid && (sent.forced != state.forced || sent.forced_recently) {
                 Some(Known::ForcedLeaseChange)
-            } else if valid && Instant::now() > sent.at {
+            } else if valid && Instant::now() > sent.at && !state.rewritten_since(&sent, &identity)
+            {
                 Some(Known::InFlightAcrossChange)
             } else {
                 None
@@ -442,6 +454,11 @@ impl Checks {
         };
         state.last_slice_write = Instant::now();
         state.slice_writes += 1;
+        let history = state.slice_history.entry(key.clone()).or_default();
+        history.push((Instant::now(), applied.caller.clone()));
+        if history.len() > 16 {
+            history.remove(0);
+        }
         let services: BTreeSet<String> = old
             .iter()
             .chain(state.slices.get(&key))
@@ -544,6 +561,19 @@ impl Checks {
 // === impl State ===
 
 impl State {
+    /// Whether someone other than `writer` wrote the slice a guarded write names after it was
+    /// sent: its version precondition should then have refused it.
+    fn rewritten_since(&self, sent: &Sent, writer: &str) -> bool {
+        let Some(slice) = &sent.guarded else {
+            return false;
+        };
+        self.slice_history.get(slice).is_some_and(|history| {
+            history
+                .iter()
+                .any(|(at, caller)| *at >= sent.at && caller != writer)
+        })
+    }
+
     /// Whether the Service `namespace/service` selects the workload `uid` now.
     fn wanted(&self, namespace: &str, service: &str, uid: &str) -> bool {
         let Some((ns, labels)) = self.workloads.get(uid) else {
