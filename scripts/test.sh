@@ -26,9 +26,11 @@ K8S_OPENAPI_ENABLED_VERSION=1.37 cargo publish --dry-run -p leadership --locked
 echo "==> cargo test"
 cargo test --workspace --locked --exclude sim "$@"
 
-# The simulation runs thousands of seeds, so it is built with optimisations, in the release
-# target folder the image build keeps outside the clone (its dependencies are then warm).
+# The simulation runs thousands of seeds, so it is built with optimisations, and with
+# `--cfg tokio_unstable` so that it can seed tokio's own choices (a seed then replays exactly).
+# Its target folder is kept outside the clone, keyed by toolchain, so its dependencies stay warm.
 echo "==> the simulation (cargo test --release -p sim)"
 toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
-CARGO_TARGET_DIR="${EXTERNAL_ENDPOINTS_RELEASE_TARGET:-$HOME/.cache/external-endpoints/release-target/rust-$toolchain}" \
+RUSTFLAGS="--cfg tokio_unstable" \
+  CARGO_TARGET_DIR="${EXTERNAL_ENDPOINTS_SIM_TARGET:-$HOME/.cache/external-endpoints/sim-target/rust-$toolchain}" \
   cargo test --release --locked -p sim -- --nocapture

@@ -16,7 +16,13 @@
 //! its caches iterate in a fixed order. A run's fingerprint is the hash of the API's request log
 //! ([`Report::trace_hash`]).
 //!
-//! Replay one seed: `SIM_SEED=<seed> cargo test -p sim --test seeds -- replay --nocapture`
+//! tokio's own free choices (the order in which a watch channel wakes its waiters) come from a
+//! per-runtime generator that only a `--cfg tokio_unstable` build can seed: the simulation is
+//! built with that flag (scripts/test.sh), and without it runs are equal in outcome but not
+//! always in the order of same-instant requests.
+//!
+//! Replay one seed:
+//! `RUSTFLAGS="--cfg tokio_unstable" SIM_SEED=<seed> cargo test --release -p sim --test seeds -- replay --nocapture`
 //! (add `SIM_LOG=debug` for the controller's logs).
 #![deny(missing_docs)]
 
@@ -82,6 +88,8 @@ pub struct Report {
     pub simulated: Duration,
     /// The schedule that ran.
     pub schedule: Schedule,
+    /// Every request the API server saw, one line each.
+    pub requests: Vec<String>,
 }
 
 // === impl Safeguard ===
@@ -164,7 +172,7 @@ impl Report {
     /// The command that replays this seed.
     pub fn replay_command(&self, setup: Setup) -> String {
         format!(
-            "{}SIM_SEED={} cargo test -p sim --test seeds -- replay --nocapture",
+            "{}SIM_SEED={} RUSTFLAGS=\"--cfg tokio_unstable\" cargo test --release -p sim --test seeds -- replay --nocapture",
             setup.env(),
             self.seed
         )
@@ -186,6 +194,11 @@ impl Report {
         text.push_str("\nviolations:\n");
         for violation in &self.violations {
             text.push_str(&format!("{violation}\n"));
+        }
+        text.push_str("\nrequests:\n");
+        for request in &self.requests {
+            text.push_str(request);
+            text.push('\n');
         }
         text
     }
@@ -213,11 +226,15 @@ impl fmt::Display for Report {
 pub fn run(seed: u64, options: &Options, setup: Setup) -> Report {
     // The jitter of kube's retry backoff comes from fastrand's per-thread generator.
     fastrand::seed(seed);
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // tokio draws from a per-runtime generator where a choice is free (which of a watch
+    // channel's waiters wakes first, a `select!` without `biased;` in a dependency); seeded
+    // here, so the order of same-instant wake-ups is the seed's too. The seed is settable only
+    // in builds with `--cfg tokio_unstable` (scripts/test.sh builds the simulation so).
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     #[allow(clippy::expect_used)] // without a runtime nothing can run
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    let runtime = builder.build().expect("a current-thread runtime");
     runtime.block_on(async { world::World::new(seed, options.clone(), setup).run().await })
 }

@@ -2,6 +2,12 @@
 //! and without the API server's fence behind it, the simulation finds a violation within a
 //! bounded number of seeds. The seed and the check it
 //! breaks are printed (docs/benchmarks.md keeps the table).
+//!
+//! Two protections have no test here, because no check breaks without them: the drain before
+//! release and version-fenced deletes guard against writes of an ended term landing late, and a
+//! write held in flight across a change of holder is classified as a documented limitation
+//! ([`sim::Known::InFlightAcrossChange`]) that only the API server's fence closes; 3,000
+//! seeds without either found no other violation (docs/benchmarks.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use sim::{
@@ -46,11 +52,6 @@ fn without_the_acquisition_barrier() {
 }
 
 #[test]
-fn without_the_drain_before_release() {
-    finds_a_violation_without(Safeguard::Drain);
-}
-
-#[test]
 fn without_the_stall_bound() {
     finds_a_violation_without(Safeguard::StallBound);
 }
@@ -65,7 +66,3 @@ fn without_a_fresh_tracker_per_term() {
     finds_a_violation_without(Safeguard::FreshTracker);
 }
 
-#[test]
-fn without_version_fenced_deletes() {
-    finds_a_violation_without(Safeguard::VersionFencedDeletes);
-}

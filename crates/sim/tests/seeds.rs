@@ -11,6 +11,8 @@
 //!   replay command sets them, its schedule and findings printed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+use std::collections::BTreeMap;
+
 use sim::{
     Options, Setup,
     sweep::{sweep, threads, write_trace},
@@ -23,14 +25,36 @@ fn count(variable: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn all_seeds_pass(setup: Setup, count: u64) {
+/// Open findings: seeds whose violations are understood but not fixed yet, one per line as
+/// `<setup> <seed> <check>: <what>` (`open-findings.txt`). A listed seed must still fail with
+/// that check, and any other failing seed fails the test: the list only ever says what is true.
+fn open_findings(setup: &str) -> BTreeMap<u64, String> {
+    include_str!("../open-findings.txt")
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.starts_with('#'))
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next()? == setup).then_some(())?;
+            let seed = words.next()?.parse().ok()?;
+            let check = words.next()?.trim_end_matches(':').to_string();
+            Some((seed, check))
+        })
+        .collect()
+}
+
+fn all_seeds_pass(name: &str, setup: Setup, seeds: std::ops::RangeInclusive<u64>) {
     let options = Options::default();
+    let count = seeds.end() - seeds.start() + 1;
+    let listed: BTreeMap<u64, String> = open_findings(name)
+        .into_iter()
+        .filter(|(seed, _)| seeds.contains(seed))
+        .collect();
     #[allow(clippy::disallowed_types)] // the wall-clock time of a sweep, outside any runtime
     let started = std::time::Instant::now();
-    let result = sweep(1..=count, &options, setup, threads(), false);
+    let result = sweep(seeds, &options, setup, threads(), false);
     let wall = started.elapsed();
     println!(
-        "{setup:?}: {} seeds in {:.1}s ({:.1} seeds/s), {:.0} simulated s ({:.0}x wall); worst convergence after the faults: {:?}",
+        "{name} {setup:?}: {} seeds in {:.1}s ({:.1} seeds/s), {:.0} simulated s ({:.0}x wall); worst convergence after the faults: {:?}",
         result.seeds,
         wall.as_secs_f64(),
         result.seeds as f64 / wall.as_secs_f64(),
@@ -41,47 +65,53 @@ fn all_seeds_pass(setup: Setup, count: u64) {
     for (known, (seeds, first)) in &result.known {
         println!("known limitation {known:?}: {seeds} seeds (first: {first})");
     }
+    let mut unexplained = Vec::new();
+    let mut failed = BTreeMap::new();
     for report in &result.failures {
         let trace = write_trace(report, setup);
+        let check = report
+            .violations
+            .iter()
+            .find(|violation| violation.known.is_none())
+            .map(|violation| format!("{:?}", violation.check))
+            .unwrap_or_default();
+        let open = listed.get(&report.seed) == Some(&check);
         println!(
-            "{report}\n  replay: {}\n  trace: {trace:?}",
+            "{}{report}\n  replay: {}\n  trace: {trace:?}",
+            if open { "open finding: " } else { "" },
             report.replay_command(setup)
         );
+        if !open {
+            unexplained.push(report.seed);
+        }
+        failed.insert(report.seed, check);
     }
+    let fixed: Vec<&u64> = listed.keys().filter(|seed| !failed.contains_key(seed)).collect();
     assert_eq!(result.seeds, count);
     assert!(
-        result.failures.is_empty(),
-        "{} of {count} seeds broke a check (see above)",
-        result.failures.len()
+        unexplained.is_empty(),
+        "seeds {unexplained:?} broke a check (see above)"
+    );
+    assert!(
+        fixed.is_empty(),
+        "seeds {fixed:?} are listed in open-findings.txt but pass now: take them out"
     );
 }
 
 #[test]
 fn every_seed_keeps_every_check_as_deployed() {
-    all_seeds_pass(Setup::DEPLOYED, count("SIM_SEEDS", 2_000));
+    all_seeds_pass("deployed", Setup::DEPLOYED, 1..=count("SIM_SEEDS", 2_000));
 }
 
 #[test]
 fn the_controller_alone_keeps_every_check() {
     // Other seeds than the sweep above.
     let count = count("SIM_ALONE_SEEDS", 500);
-    let options = Options::default();
-    let result = sweep(
-        1_000_001..=1_000_000 + count,
-        &options,
+    all_seeds_pass(
+        "alone",
         Setup::CONTROLLER_ALONE,
-        threads(),
-        false,
+        1_000_001..=1_000_000 + count,
     );
-    for report in &result.failures {
-        let trace = write_trace(report, Setup::CONTROLLER_ALONE);
-        println!(
-            "{report}\n  replay: {}\n  trace: {trace:?}",
-            report.replay_command(Setup::CONTROLLER_ALONE)
-        );
-    }
-    assert_eq!(result.seeds, count);
-    assert!(result.failures.is_empty(), "see above");
 }
 
 #[test]
