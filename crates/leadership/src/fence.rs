@@ -52,6 +52,16 @@ pub enum Fenced {
         /// The term the refused write belonged to.
         term: u64,
     },
+    /// The API server refused the write because this process is not the Lease's holder as the
+    /// server sees it ([`api_fence`](crate::api_fence)), while this process still holds the term:
+    /// either the server's cache of the Lease has not yet seen this term's acquisition (a few
+    /// milliseconds) or this process was deposed and has not seen it yet. Stop the pass; look
+    /// again after a pause only while the term is still current (the fence is checked first).
+    #[error("the API server refused a write of term {term}: not the Lease's holder")]
+    RefusedByApiServer {
+        /// The term the refused write belonged to.
+        term: u64,
+    },
 }
 
 // === impl Fence ===
@@ -89,6 +99,21 @@ impl Fence {
             self.metrics.fenced.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// Records that the API server refused a write of this term because this process does not
+    /// hold the Lease ([`api_fence::is_denied_by_policy`](crate::api_fence::is_denied_by_policy)):
+    /// counted in [`FenceMetrics`] like a refusal of [`Fence::check`]. Returns the refusal to
+    /// stop the pass with: [`Fenced::TermEnded`] when the term is over by now, else
+    /// [`Fenced::RefusedByApiServer`].
+    pub fn refused_by_api_server(&self) -> Fenced {
+        self.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+        let term = self.term.id();
+        if self.is_current() {
+            Fenced::RefusedByApiServer { term }
+        } else {
+            Fenced::TermEnded { term }
+        }
     }
 
     /// Whether the term is still current, without counting a refusal.
@@ -182,5 +207,23 @@ mod tests {
         assert_eq!(fence.check(), Ok(()));
         tx.send_replace(None);
         assert!(fence.check().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusal_by_the_api_server_is_counted_and_names_the_term() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let metrics = FenceMetrics::default();
+        let fence = Fence::new(term.clone(), rx, MARGIN, metrics.clone());
+        assert_eq!(
+            fence.refused_by_api_server(),
+            Fenced::RefusedByApiServer { term: term.id() }
+        );
+        tx.send_replace(None);
+        assert_eq!(
+            fence.refused_by_api_server(),
+            Fenced::TermEnded { term: term.id() }
+        );
+        assert_eq!(metrics.fenced(), 2);
     }
 }

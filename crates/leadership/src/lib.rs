@@ -126,6 +126,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod api_fence;
 mod elector;
 mod fence;
 mod gate;
