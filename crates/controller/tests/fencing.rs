@@ -1,0 +1,327 @@
+//! Fencing the API server enforces (deploy/fencing.yaml) on a real kube-apiserver: the policy
+//! refuses EndpointSlice writes of every replica but the Lease's holder, lets other users
+//! through, follows the Lease when it moves, and what it costs per write.
+//!
+//! The testbed's users are client certificates (no bound ServiceAccount token, so no pod-name
+//! extra): the policy compares their user names with the holder, the path a client without a
+//! bound token takes. The policy is the one in `deploy/`, with its match condition pointed at
+//! this test's users and its binding at this test's namespace and Lease.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use harness::{CONVERGE, Cluster, eventually};
+use k8s_openapi::serde::Deserialize;
+use k8s_openapi::{
+    api::{coordination::v1::Lease, discovery::v1::EndpointSlice},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, DynamicObject, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    core::{ApiResource, GroupVersionKind},
+};
+use leadership::api_fence::is_denied_by_policy;
+use serde_json::json;
+
+/// The replicas' user names, which are also their Lease identities.
+const REPLICA_A: &str = "fencing-a";
+const REPLICA_B: &str = "fencing-b";
+const LEASE: &str = "fencing-lease";
+
+/// The policy and binding of `deploy/fencing.yaml`, for this test's users, namespace and Lease.
+fn policy_for(namespace: &str) -> Vec<DynamicObject> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fencing.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut objects: Vec<DynamicObject> = serde_yaml::Deserializer::from_str(&text)
+        .map(|document| {
+            let value = serde_yaml::Value::deserialize(document).unwrap();
+            serde_yaml::from_value(value).unwrap()
+        })
+        .collect();
+    let name = format!("fencing-{namespace}");
+    for object in &mut objects {
+        object.metadata.name = Some(name.clone());
+        let spec = &mut object.data["spec"];
+        if spec.get("policyName").is_some() {
+            spec["policyName"] = json!(name);
+            spec["paramRef"]["name"] = json!(LEASE);
+            spec["paramRef"]["namespace"] = json!(namespace);
+            spec["matchResources"] = json!({
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            });
+        } else {
+            let condition = &mut spec["matchConditions"][0]["expression"];
+            assert!(
+                condition
+                    .as_str()
+                    .unwrap()
+                    .contains("system:serviceaccount:"),
+                "the deployed policy matches the controller's ServiceAccount"
+            );
+            *condition = json!(format!(
+                "request.userInfo.username in ['{REPLICA_A}', '{REPLICA_B}']"
+            ));
+        }
+    }
+    objects
+}
+
+fn admission_api(client: &Client, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+async fn install_policy(client: &Client, namespace: &str) {
+    for object in policy_for(namespace) {
+        let kind = object.types.as_ref().unwrap().kind.clone();
+        admission_api(client, &kind)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+}
+
+async fn remove_binding(client: &Client, namespace: &str) {
+    admission_api(client, "ValidatingAdmissionPolicyBinding")
+        .delete(&format!("fencing-{namespace}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+async fn client_as(testbed: &testbed::Testbed, user: &str) -> Client {
+    let path = testbed.kubeconfig_for(user, 0).unwrap();
+    let kubeconfig = Kubeconfig::read_from(path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+async fn set_holder(cluster: &Cluster, holder: &str) {
+    let leases = cluster.leases();
+    let mut lease = match leases.get_opt(LEASE).await.unwrap() {
+        Some(lease) => lease,
+        None => Lease {
+            metadata: ObjectMeta {
+                name: Some(LEASE.into()),
+                ..ObjectMeta::default()
+            },
+            ..Lease::default()
+        },
+    };
+    let spec = lease.spec.get_or_insert_default();
+    spec.holder_identity = Some(holder.into());
+    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    if lease.metadata.resource_version.is_some() {
+        leases
+            .replace(LEASE, &PostParams::default(), &lease)
+            .await
+            .unwrap();
+    } else {
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+    }
+}
+
+fn slice(name: &str) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        address_type: "IPv4".into(),
+        ..EndpointSlice::default()
+    }
+}
+
+/// Creates slice `name` as `client`, or the refusal.
+async fn create(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<EndpointSlice, kube::Error> {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    slices.create(&PostParams::default(), &slice(name)).await
+}
+
+/// Replaces slice `name` as `client` with its current version plus a label change.
+async fn update(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<EndpointSlice, kube::Error> {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let mut current = slices.get(name).await?;
+    let round = current
+        .labels()
+        .get("round")
+        .and_then(|r| r.parse::<u64>().ok())
+        .unwrap_or(0);
+    current
+        .labels_mut()
+        .insert("round".into(), (round + 1).to_string());
+    slices.replace(name, &PostParams::default(), &current).await
+}
+
+async fn delete(client: &Client, namespace: &str, name: &str) -> Result<(), kube::Error> {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    slices
+        .delete(name, &DeleteParams::default())
+        .await
+        .map(|_| ())
+}
+
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
+    match result {
+        Err(error) => is_denied_by_policy(&error),
+        Ok(accepted) => panic!("accepted: {accepted:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_refuses_every_writer_but_the_lease_holder_and_follows_the_lease() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(&testbed, "fencing-policy").await;
+    let ns = cluster.namespace.clone();
+    let (a, b) = (
+        client_as(&testbed, REPLICA_A).await,
+        client_as(&testbed, REPLICA_B).await,
+    );
+    set_holder(&cluster, REPLICA_A).await;
+    install_policy(&cluster.client, &ns).await;
+
+    // The API server loads a new policy asynchronously: wait until it refuses B.
+    eventually("the policy refuses a non-holder", CONVERGE, || async {
+        match create(&b, &ns, "probe").await {
+            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            other => {
+                let _ = delete(&cluster.client, &ns, "probe").await;
+                Err(format!("{other:?}"))
+            }
+        }
+    })
+    .await;
+
+    // The holder writes; the non-holder's create, update and delete are all refused.
+    create(&a, &ns, "web-1").await.unwrap();
+    update(&a, &ns, "web-1").await.unwrap();
+    assert!(refused(create(&b, &ns, "web-2").await));
+    assert!(refused(update(&b, &ns, "web-1").await));
+    assert!(refused(delete(&b, &ns, "web-1").await));
+    // Users the policy does not match pass untouched.
+    update(&cluster.client, &ns, "web-1").await.unwrap();
+
+    // The Lease moves to B: A is refused once the API server's cache has the new holder.
+    set_holder(&cluster, REPLICA_B).await;
+    let moved = Instant::now();
+    eventually("the old holder is refused", CONVERGE, || async {
+        match update(&a, &ns, "web-1").await {
+            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    println!(
+        "old holder refused {} ms after the Lease moved (the API server's Lease cache lag, \
+         bounded by the 100 ms poll)",
+        moved.elapsed().as_millis()
+    );
+    update(&b, &ns, "web-1").await.unwrap();
+    delete(&b, &ns, "web-1").await.unwrap();
+
+    // A released Lease (no holder) refuses every matched writer.
+    let leases: Api<Lease> = cluster.leases();
+    let mut lease = leases.get(LEASE).await.unwrap();
+    lease.spec.as_mut().unwrap().holder_identity = None;
+    leases
+        .replace(LEASE, &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    eventually("a released Lease refuses everyone", CONVERGE, || async {
+        match create(&b, &ns, "web-3").await {
+            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[index]
+}
+
+async fn time_updates(client: &Client, namespace: &str, name: &str, count: usize) -> Vec<Duration> {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let mut current = slices.get(name).await.unwrap();
+    let mut took = Vec::with_capacity(count);
+    for round in 0..count {
+        current
+            .labels_mut()
+            .insert("round".into(), round.to_string());
+        let started = Instant::now();
+        current = slices
+            .replace(name, &PostParams::default(), &current)
+            .await
+            .unwrap();
+        took.push(started.elapsed());
+    }
+    took.sort();
+    took
+}
+
+/// The policy's cost per write: the same replace, by the same (holding) user, with the binding
+/// and without it, in one run. Prints the figures (docs/benchmarks.md); asserts no time limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_cost_per_slice_update() {
+    const UPDATES: usize = 300;
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(&testbed, "fencing-cost").await;
+    let ns = cluster.namespace.clone();
+    let (a, b) = (
+        client_as(&testbed, REPLICA_A).await,
+        client_as(&testbed, REPLICA_B).await,
+    );
+    set_holder(&cluster, REPLICA_A).await;
+    install_policy(&cluster.client, &ns).await;
+    create(&a, &ns, "web-1").await.unwrap();
+    eventually("the policy is in force", CONVERGE, || async {
+        match create(&b, &ns, "probe").await {
+            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            other => {
+                let _ = delete(&cluster.client, &ns, "probe").await;
+                Err(format!("{other:?}"))
+            }
+        }
+    })
+    .await;
+
+    // Warm the connection and the server's caches, then measure with the policy.
+    time_updates(&a, &ns, "web-1", 20).await;
+    let with = time_updates(&a, &ns, "web-1", UPDATES).await;
+    remove_binding(&cluster.client, &ns).await;
+    eventually("the binding is gone", CONVERGE, || async {
+        match create(&b, &ns, "probe").await {
+            Ok(_) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
+    let without = time_updates(&a, &ns, "web-1", UPDATES).await;
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "slice update ({UPDATES} each): with the policy p50 {:.2} ms p99 {:.2} ms; \
+         without p50 {:.2} ms p99 {:.2} ms",
+        ms(percentile(&with, 0.5)),
+        ms(percentile(&with, 0.99)),
+        ms(percentile(&without, 0.5)),
+        ms(percentile(&without, 0.99)),
+    );
+}
