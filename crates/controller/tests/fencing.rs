@@ -8,12 +8,9 @@
 //! this test's users and its binding at this test's namespace and Lease.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
-use std::{
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use harness::{CONVERGE, Cluster, eventually};
+use harness::{CONVERGE, Cluster, eventually, fencing};
 use k8s_openapi::serde::Deserialize;
 use k8s_openapi::{
     api::{coordination::v1::Lease, discovery::v1::EndpointSlice},
@@ -33,73 +30,12 @@ const REPLICA_A: &str = "fencing-a";
 const REPLICA_B: &str = "fencing-b";
 const LEASE: &str = "fencing-lease";
 
-/// The policy and binding of `deploy/fencing.yaml`, for this test's users, namespace and Lease.
-fn policy_for(namespace: &str) -> Vec<DynamicObject> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fencing.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut objects: Vec<DynamicObject> = serde_yaml::Deserializer::from_str(&text)
-        .map(|document| {
-            let value = serde_yaml::Value::deserialize(document).unwrap();
-            serde_yaml::from_value(value).unwrap()
-        })
-        .collect();
-    let name = format!("fencing-{namespace}");
-    for object in &mut objects {
-        object.metadata.name = Some(name.clone());
-        let spec = &mut object.data["spec"];
-        if spec.get("policyName").is_some() {
-            spec["policyName"] = json!(name);
-            spec["paramRef"]["name"] = json!(LEASE);
-            spec["paramRef"]["namespace"] = json!(namespace);
-            spec["matchResources"] = json!({
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            });
-        } else {
-            let condition = &mut spec["matchConditions"][0]["expression"];
-            assert!(
-                condition
-                    .as_str()
-                    .unwrap()
-                    .contains("system:serviceaccount:"),
-                "the deployed policy matches the controller's ServiceAccount"
-            );
-            *condition = json!(format!(
-                "request.userInfo.username in ['{REPLICA_A}', '{REPLICA_B}']"
-            ));
-        }
-    }
-    objects
-}
-
-fn admission_api(client: &Client, kind: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
-}
-
 async fn install_policy(client: &Client, namespace: &str) {
-    for object in policy_for(namespace) {
-        let kind = object.types.as_ref().unwrap().kind.clone();
-        admission_api(client, &kind)
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-    }
-}
-
-async fn remove_binding(client: &Client, namespace: &str) {
-    admission_api(client, "ValidatingAdmissionPolicyBinding")
-        .delete(&format!("fencing-{namespace}"), &DeleteParams::default())
-        .await
-        .unwrap();
+    fencing::install_policy(client, namespace, LEASE, &[REPLICA_A, REPLICA_B]).await;
 }
 
 async fn client_as(testbed: &testbed::Testbed, user: &str) -> Client {
-    let path = testbed.kubeconfig_for(user, 0).unwrap();
-    let kubeconfig = Kubeconfig::read_from(path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+    fencing::client_as(testbed, user).await
 }
 
 async fn set_holder(cluster: &Cluster, holder: &str) {
@@ -305,7 +241,7 @@ async fn policy_cost_per_slice_update() {
     // Warm the connection and the server's caches, then measure with the policy.
     time_updates(&a, &ns, "web-1", 20).await;
     let with = time_updates(&a, &ns, "web-1", UPDATES).await;
-    remove_binding(&cluster.client, &ns).await;
+    fencing::remove_binding(&cluster.client, &ns).await;
     eventually("the binding is gone", CONVERGE, || async {
         match create(&b, &ns, "probe").await {
             Ok(_) => Ok(()),

@@ -183,6 +183,17 @@ impl Default for RuntimeConfig {
 }
 
 impl RuntimeConfig {
+    /// This configuration with some protections switched off, for tests that show what
+    /// notices their absence (e.g. `Safeguards::default().without_fence()`: a replica that
+    /// writes past its term, as one paused past its lease would without the fence).
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    #[must_use]
+    pub fn with_safeguards(mut self, safeguards: Safeguards) -> Self {
+        self.safeguards = safeguards;
+        self
+    }
+
     /// A builder starting from the defaults.
     pub fn builder() -> RuntimeConfigBuilder {
         let config = Self::default();
