@@ -8,22 +8,19 @@
 //! this test's users and its binding at this test's namespace and Lease.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::{CONVERGE, Cluster, eventually, fencing};
-use k8s_openapi::serde::Deserialize;
 use k8s_openapi::{
     api::{coordination::v1::Lease, discovery::v1::EndpointSlice},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, DynamicObject, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
-    core::{ApiResource, GroupVersionKind},
+    api::{DeleteParams, PostParams},
 };
 use leadership::api_fence::is_denied_by_policy;
-use serde_json::json;
+use tokio::time::Instant;
 
 /// The replicas' user names, which are also their Lease identities.
 const REPLICA_A: &str = "fencing-a";
@@ -122,11 +119,11 @@ fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
 async fn policy_refuses_every_writer_but_the_lease_holder_and_follows_the_lease() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let cluster = Cluster::new(&testbed, "fencing-policy").await;
+    let cluster = Cluster::new(testbed, "fencing-policy").await;
     let ns = cluster.namespace.clone();
     let (a, b) = (
-        client_as(&testbed, REPLICA_A).await,
-        client_as(&testbed, REPLICA_B).await,
+        client_as(testbed, REPLICA_A).await,
+        client_as(testbed, REPLICA_B).await,
     );
     set_holder(&cluster, REPLICA_A).await;
     install_policy(&cluster.client, &ns).await;
@@ -218,11 +215,11 @@ async fn policy_cost_per_slice_update() {
     const UPDATES: usize = 300;
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let cluster = Cluster::new(&testbed, "fencing-cost").await;
+    let cluster = Cluster::new(testbed, "fencing-cost").await;
     let ns = cluster.namespace.clone();
     let (a, b) = (
-        client_as(&testbed, REPLICA_A).await,
-        client_as(&testbed, REPLICA_B).await,
+        client_as(testbed, REPLICA_A).await,
+        client_as(testbed, REPLICA_B).await,
     );
     set_holder(&cluster, REPLICA_A).await;
     install_policy(&cluster.client, &ns).await;
