@@ -362,7 +362,7 @@ pub async fn write_plan<W: WriteApi>(
             }
             // The API server's fencing policy (deploy/fencing.yaml): this replica is not the
             // Lease's holder as the server sees it. A fenced write: counted, the pass stops.
-            Err(error) if leadership::api_fence::is_denied_by_policy(&error) => {
+            Err(error) if leadership::is_fencing_policy_denial(&error) => {
                 metrics.count_write_error(operation);
                 return Err(WriteError::Fenced(fence.refused_by_api_server()));
             }
@@ -402,7 +402,7 @@ async fn delete<W: WriteApi>(
         Ok(()) => {}
         // Already gone: success.
         Err(error) if status_code(&error) == Some(404) => {}
-        Err(error) if leadership::api_fence::is_denied_by_policy(&error) => {
+        Err(error) if leadership::is_fencing_policy_denial(&error) => {
             metrics.count_write_error(Operation::Delete);
             return Err(WriteError::Fenced(fence.refused_by_api_server()));
         }

@@ -19,7 +19,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, PostParams},
 };
-use leadership::api_fence::is_denied_by_policy;
+use leadership::is_fencing_policy_denial;
 use tokio::time::Instant;
 
 /// The replicas' user names, which are also their Lease identities.
@@ -110,7 +110,7 @@ async fn delete(client: &Client, namespace: &str, name: &str) -> Result<(), kube
 
 fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
     match result {
-        Err(error) => is_denied_by_policy(&error),
+        Err(error) => is_fencing_policy_denial(&error),
         Ok(accepted) => panic!("accepted: {accepted:?}"),
     }
 }
@@ -131,7 +131,7 @@ async fn policy_refuses_every_writer_but_the_lease_holder_and_follows_the_lease(
     // The API server loads a new policy asynchronously: wait until it refuses B.
     eventually("the policy refuses a non-holder", CONVERGE, || async {
         match create(&b, &ns, "probe").await {
-            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
             other => {
                 let _ = delete(&cluster.client, &ns, "probe").await;
                 Err(format!("{other:?}"))
@@ -154,7 +154,7 @@ async fn policy_refuses_every_writer_but_the_lease_holder_and_follows_the_lease(
     let moved = Instant::now();
     eventually("the old holder is refused", CONVERGE, || async {
         match update(&a, &ns, "web-1").await {
-            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
             other => Err(format!("{other:?}")),
         }
     })
@@ -177,7 +177,7 @@ async fn policy_refuses_every_writer_but_the_lease_holder_and_follows_the_lease(
         .unwrap();
     eventually("a released Lease refuses everyone", CONVERGE, || async {
         match create(&b, &ns, "web-3").await {
-            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
             other => Err(format!("{other:?}")),
         }
     })
@@ -226,7 +226,7 @@ async fn policy_cost_per_slice_update() {
     create(&a, &ns, "web-1").await.unwrap();
     eventually("the policy is in force", CONVERGE, || async {
         match create(&b, &ns, "probe").await {
-            Err(error) if is_denied_by_policy(&error) => Ok(()),
+            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
             other => {
                 let _ = delete(&cluster.client, &ns, "probe").await;
                 Err(format!("{other:?}"))

@@ -53,7 +53,7 @@ pub enum Fenced {
         term: u64,
     },
     /// The API server refused the write because this process is not the Lease's holder as the
-    /// server sees it ([`api_fence`](crate::api_fence)), while this process still holds the term:
+    /// server sees it ([`FENCING_POLICY_TEMPLATE`](crate::FENCING_POLICY_TEMPLATE)), while this process still holds the term:
     /// either the server's cache of the Lease has not yet seen this term's acquisition (a few
     /// milliseconds) or this process was deposed and has not seen it yet. Stop the pass; look
     /// again after a pause only while the term is still current (the fence is checked first).
@@ -102,7 +102,7 @@ impl Fence {
     }
 
     /// Records that the API server refused a write of this term because this process does not
-    /// hold the Lease ([`api_fence::is_denied_by_policy`](crate::api_fence::is_denied_by_policy)):
+    /// hold the Lease ([`is_fencing_policy_denial`](crate::is_fencing_policy_denial)):
     /// counted in [`FenceMetrics`] like a refusal of [`Fence::check`]. Returns the refusal to
     /// stop the pass with: [`Fenced::TermEnded`] when the term is over by now, else
     /// [`Fenced::RefusedByApiServer`].

@@ -126,7 +126,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod api_fence;
+mod api_fence;
 mod elector;
 mod fence;
 mod gate;
@@ -140,6 +140,7 @@ mod term;
 pub mod testing;
 
 pub use self::{
+    api_fence::{FENCING_POLICY_DENIAL, FENCING_POLICY_TEMPLATE, is_fencing_policy_denial},
     elector::{
         CandidateConfig, CandidateError, ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig,
         LeaseConfigError, LeaseElector, LeaseTimings,

@@ -80,12 +80,12 @@ impl FakeApi {
     }
 
     /// From now on, answers `call` as the API server's fencing policy refuses a replica that
-    /// does not hold the Lease (403, [`leadership::api_fence::DENIAL_MESSAGE`]).
+    /// does not hold the Lease (403, [`leadership::FENCING_POLICY_DENIAL`]).
     pub fn deny_as_not_holder(&self, call: &str) {
         let message = format!(
             "ValidatingAdmissionPolicy 'fencing' with binding 'fencing' denied request: \
              'replica-a' {} ns/lease",
-            leadership::api_fence::DENIAL_MESSAGE
+            leadership::FENCING_POLICY_DENIAL
         );
         self.failures.lock().insert(call.into(), (403, message));
     }
