@@ -8,7 +8,7 @@ use std::path::Path;
 use k8s_openapi::serde::Deserialize;
 use kube::{
     Api, Client,
-    api::{DeleteParams, DynamicObject, PostParams},
+    api::{DynamicObject, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
     core::{ApiResource, GroupVersionKind},
 };
@@ -70,14 +70,6 @@ pub async fn install_policy(client: &Client, namespace: &str, lease: &str, users
             .await
             .unwrap();
     }
-}
-
-/// Deletes the binding [`install_policy`] made for `namespace` (the policy then refuses nothing).
-pub async fn remove_binding(client: &Client, namespace: &str) {
-    admission_api(client, "ValidatingAdmissionPolicyBinding")
-        .delete(&format!("fencing-{namespace}"), &DeleteParams::default())
-        .await
-        .unwrap();
 }
 
 /// A client authenticated as `user` (a client certificate of the testbed's CA).
