@@ -153,5 +153,5 @@ pub use self::{
         RuntimeError,
     },
     safeguards::Safeguards,
-    term::{Leadership, Term},
+    term::{FencingToken, Leadership, Term},
 };
