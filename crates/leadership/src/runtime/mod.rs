@@ -98,8 +98,9 @@ pub enum RuntimeError {
     /// The elector stopped on its own. Not retryable: exit the process so that it restarts.
     #[error("leader election stopped: {0}")]
     ElectorLost(#[from] ElectorError),
-    /// A worker ended while the runtime was running (a reconcile panicked). Not retryable: a bug;
-    /// exit the process rather than keep running with fewer workers.
+    /// A worker ended while the runtime was running (a reconcile panicked). The term was ended
+    /// and the Lease released before this is returned. Not retryable: a bug; exit the process
+    /// rather than keep running with fewer workers.
     #[error("a worker stopped unexpectedly: {0}")]
     WorkerFailed(String),
 }
@@ -379,7 +380,9 @@ where
     /// [`RuntimeError::ElectorLost`] if the elector task ends on its own (a panic, a bug): the
     /// handlers are deregistered and the workers stopped first. The caller must stop the process
     /// (exit non-zero, so that it is restarted) rather than keep running without an election.
-    /// [`RuntimeError::WorkerFailed`] if a reconcile panicked.
+    /// [`RuntimeError::WorkerFailed`] if a reconcile panicked: the term is ended first (its
+    /// queued keys dropped, the other workers' in-flight reconciles given the drain timeout) and
+    /// the Lease released, so a standby takes over at once.
     #[must_use = "the result says whether the elector was lost; it must not be ignored"]
     pub async fn run(
         self,
@@ -394,6 +397,8 @@ where
         let mut preparing: Option<Preparing> = None;
         let mut next_resync = self.next_resync();
         let mut leadership_open = true;
+        // Why a worker stopped, if one did: the run ends with this error after the release.
+        let mut failed: Option<String> = None;
         let initial = leadership.borrow_and_update().clone();
         self.apply(&mut current, &mut preparing, initial);
 
@@ -431,16 +436,17 @@ where
                     }
                 }
                 Some(ended) = workers.join_next() => {
-                    if let Some(term) = current.take() {
-                        self.gate.stop(term.id());
-                    }
-                    self.queue.close();
-                    workers.abort_all();
+                    // A bug. End the term as a shutdown would, so a standby takes over at once
+                    // instead of a LeaseDuration later: stop the term (its queued keys are
+                    // dropped; the panicked key stays in flight forever, so no queue drain),
+                    // let the other workers finish what they are writing, release, then fail.
                     let reason = match ended {
                         Ok(()) => "it returned".to_string(),
                         Err(error) => error.to_string(),
                     };
-                    return Err(RuntimeError::WorkerFailed(reason));
+                    warn!(%reason, "a worker stopped; ending the term and releasing the lease");
+                    failed = Some(reason);
+                    break;
                 }
                 () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
                     if let Some(term) = &current {
@@ -456,7 +462,11 @@ where
         drop(preparing);
         self.gate.close_intake();
         let deadline = Instant::now() + self.config.drain_timeout;
-        if current.is_some() && self.config.safeguards.drain {
+        if failed.is_some() {
+            if let Some(term) = &current {
+                self.gate.stop(term.id());
+            }
+        } else if current.is_some() && self.config.safeguards.drain {
             self.drain(deadline, &mut current, &mut leadership).await;
         }
         self.queue.close();
@@ -470,6 +480,9 @@ where
         elector.release().await?;
         if let Some(term) = current.take() {
             self.gate.stop(term.id());
+        }
+        if let Some(reason) = failed {
+            return Err(RuntimeError::WorkerFailed(reason));
         }
         info!("stopped");
         Ok(())
