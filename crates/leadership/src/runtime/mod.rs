@@ -53,6 +53,8 @@ pub struct RuntimeConfig {
     pub(crate) queue: QueueConfig,
     /// The fence, the drain and fresh state per term: always on outside tests.
     pub(crate) safeguards: Safeguards,
+    /// How long a term may wait for [`Reconciler::prepare_term`] before it is given up.
+    pub(crate) prepare_timeout: Duration,
 }
 
 /// Builds a [`RuntimeConfig`]; every setting starts at its default.
@@ -103,6 +105,17 @@ pub enum RuntimeError {
     /// rather than keep running with fewer workers.
     #[error("a worker stopped unexpectedly: {0}")]
     WorkerFailed(String),
+    /// A term's [`Reconciler::prepare_term`] did not finish within the prepare timeout
+    /// ([`RuntimeConfigBuilder::prepare_timeout`]). The term was given up and the Lease released
+    /// before this is returned, so a standby can lead. Retryable by restarting: exit non-zero;
+    /// a replica whose preparation hangs should not keep the Lease.
+    #[error("term {term} gave up: its preparation took longer than {waited:?}")]
+    PrepareTimedOut {
+        /// The term given up.
+        term: u64,
+        /// The prepare timeout it waited.
+        waited: Duration,
+    },
 }
 
 /// What an app plugs into the [`Runtime`]: the three things it does for a term.
@@ -154,6 +167,8 @@ type PrepareFn = Arc<dyn Fn(&Term) -> BoxFuture<'static, ()> + Send + Sync>;
 struct Preparing {
     term: Term,
     ready: BoxFuture<'static, ()>,
+    /// When the term is given up if its preparation has not finished.
+    deadline: Instant,
 }
 
 /// A controller's runtime: handlers gated on leadership, a per-term work queue, workers, and a
@@ -176,6 +191,7 @@ impl Default for RuntimeConfig {
             workers: NonZeroUsize::MIN.saturating_add(3), // 4
             drain_timeout: Duration::from_secs(10),
             fence_margin: Duration::from_secs(1),
+            prepare_timeout: Duration::from_secs(30),
             resync_period: Some(Duration::from_secs(600)),
             queue: QueueConfig::default(),
             safeguards: Safeguards::default(),
@@ -223,6 +239,11 @@ impl RuntimeConfig {
     pub fn resync_period(&self) -> Option<Duration> {
         self.resync_period
     }
+
+    /// How long a term may wait for [`Reconciler::prepare_term`] before it is given up.
+    pub fn prepare_timeout(&self) -> Duration {
+        self.prepare_timeout
+    }
 }
 
 // === impl RuntimeConfigBuilder ===
@@ -269,6 +290,15 @@ impl RuntimeConfigBuilder {
     pub fn retry_rate(mut self, per_second: f64, burst: u32) -> Self {
         self.config.queue.retry_qps = per_second;
         self.config.queue.retry_burst = burst;
+        self
+    }
+
+    /// How long a newly acquired term may wait for [`Reconciler::prepare_term`] (e.g. caches
+    /// catching up with the API server) before the runtime gives the term up: it releases the
+    /// Lease, so another replica can lead, and [`Runtime::run`] returns
+    /// [`RuntimeError::PrepareTimedOut`]. Default 30 s.
+    pub fn prepare_timeout(mut self, timeout: Duration) -> Self {
+        self.config.prepare_timeout = timeout;
         self
     }
 
@@ -397,12 +427,14 @@ where
         let mut preparing: Option<Preparing> = None;
         let mut next_resync = self.next_resync();
         let mut leadership_open = true;
-        // Why a worker stopped, if one did: the run ends with this error after the release.
-        let mut failed: Option<String> = None;
+        // Why the run fails, if it does (a worker stopped, a preparation timed out): it ends
+        // with this error after the release.
+        let mut failed: Option<RuntimeError> = None;
         let initial = leadership.borrow_and_update().clone();
         self.apply(&mut current, &mut preparing, initial);
 
         loop {
+            let prepare_deadline = preparing.as_ref().map(|p| p.deadline);
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -445,7 +477,22 @@ where
                         Err(error) => error.to_string(),
                     };
                     warn!(%reason, "a worker stopped; ending the term and releasing the lease");
-                    failed = Some(reason);
+                    failed = Some(RuntimeError::WorkerFailed(reason));
+                    break;
+                }
+                () = sleep_until(prepare_deadline.unwrap_or_else(Instant::now)),
+                    if prepare_deadline.is_some() =>
+                {
+                    // Its handlers were never registered: nothing queued, nothing to drain.
+                    if let Some(Preparing { term, .. }) = preparing.take() {
+                        let waited = self.config.prepare_timeout;
+                        warn!(
+                            term = term.id(),
+                            ?waited,
+                            "term preparation timed out; giving the term up and releasing the lease"
+                        );
+                        failed = Some(RuntimeError::PrepareTimedOut { term: term.id(), waited });
+                    }
                     break;
                 }
                 () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
@@ -481,8 +528,8 @@ where
         if let Some(term) = current.take() {
             self.gate.stop(term.id());
         }
-        if let Some(reason) = failed {
-            return Err(RuntimeError::WorkerFailed(reason));
+        if let Some(error) = failed {
+            return Err(error);
         }
         info!("stopped");
         Ok(())
@@ -555,6 +602,7 @@ where
         if let Some(term) = next {
             *preparing = Some(Preparing {
                 ready: (self.prepare)(&term),
+                deadline: Instant::now() + self.config.prepare_timeout,
                 term,
             });
         }
