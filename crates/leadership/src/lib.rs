@@ -130,6 +130,7 @@ mod api_fence;
 mod elector;
 mod fence;
 mod gate;
+mod health;
 mod queue;
 mod runtime;
 mod safeguards;
@@ -147,6 +148,7 @@ pub use self::{
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Dispatcher, TermContext},
+    health::{LeaderGauges, LeaderHealth, LeaderUnhealthy},
     queue::{QueueKey, QueueMetrics},
     runtime::{
         Action, Reconciler, Runtime, RuntimeConfig, RuntimeConfigBuilder, RuntimeConfigError,
