@@ -24,4 +24,11 @@ echo "==> cargo publish --dry-run -p leadership"
 K8S_OPENAPI_ENABLED_VERSION=1.37 cargo publish --dry-run -p leadership --locked
 
 echo "==> cargo test"
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --exclude sim "$@"
+
+# The simulation runs thousands of seeds, so it is built with optimisations, in the release
+# target folder the image build keeps outside the clone (its dependencies are then warm).
+echo "==> the simulation (cargo test --release -p sim)"
+toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
+CARGO_TARGET_DIR="${EXTERNAL_ENDPOINTS_RELEASE_TARGET:-$HOME/.cache/external-endpoints/release-target/rust-$toolchain}" \
+  cargo test --release --locked -p sim -- --nocapture

@@ -287,14 +287,16 @@ impl Call<'_> {
             .filter(|(key, _)| after.as_ref().is_none_or(|after| cursor(key) > *after));
         let mut items = Vec::new();
         let mut last = None;
+        let mut more = false;
         for (key, object) in selected.by_ref() {
             if limit.is_some_and(|limit| items.len() >= limit) {
+                // One more than the page holds: the list continues.
+                more = true;
                 break;
             }
             last = Some(cursor(&key));
             items.push(object);
         }
-        let more = limit.is_some_and(|limit| items.len() >= limit) && selected.next().is_some();
         let metadata_only = self
             .parts
             .headers

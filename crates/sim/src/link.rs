@@ -272,6 +272,11 @@ where
         let inner = self.inner.clone();
         let link = self.link.clone();
         let checks = self.checks.clone();
+        // Attributed when handed to the link, right after the writer's fence check: a pause
+        // holds it afterwards, as a request on the wire.
+        let kind = Kind::of(&request);
+        let sent = (kind == Kind::SliceWrite)
+            .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
         Box::pin(async move {
             link.unpaused().await;
             if link.state.lock().cut {
@@ -280,9 +285,6 @@ where
             if link.roll_error() {
                 return Ok(unavailable());
             }
-            let kind = Kind::of(&request);
-            let sent =
-                (kind == Kind::SliceWrite).then(|| checks.sending(link.replica, link.term()));
             let response = inner.oneshot(request).await.map_err(Into::into)?;
             if let Some(sent) = sent
                 && response.status().is_success()
@@ -327,6 +329,24 @@ impl Kind {
         } else {
             Kind::Other
         }
+    }
+}
+
+/// The slice an update or delete names (`namespace`, `name`): the writes a version
+/// precondition guards. `None` for a create.
+fn guarded_slice<T>(request: &Request<T>) -> Option<(String, String)> {
+    if !matches!(
+        *request.method(),
+        Method::PUT | Method::DELETE | Method::PATCH
+    ) {
+        return None;
+    }
+    let parts: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
+    match parts.as_slice() {
+        [.., "namespaces", namespace, "endpointslices", name] => {
+            Some((namespace.to_string(), name.to_string()))
+        }
+        _ => None,
     }
 }
 

@@ -254,7 +254,14 @@ impl World {
             lease,
             coordinated: None,
             runtime,
-            stale_limit: Duration::from_secs(30),
+            // Without a fresh tracker, the stale limit (a safety valve that should never be
+            // reached) would hide the stuck Service after 30 s: set out of reach to show what
+            // the fresh tracker alone prevents.
+            stale_limit: if off == Some(Safeguard::FreshTracker) {
+                Duration::from_secs(3_600)
+            } else {
+                Duration::from_secs(30)
+            },
             namespace: None,
             stall_bound,
             write_qps: 500,

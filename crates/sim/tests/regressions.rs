@@ -32,3 +32,19 @@ fn a_follower_whose_lease_watch_lags_does_not_take_an_older_record_for_the_curre
     );
     assert!(report.passed(), "{report}");
 }
+
+#[test]
+fn a_follower_with_a_stale_view_waits_renew_deadline_after_it_sees_the_lease_deleted() {
+    // Seed 724: the leader paused (its renewals held), the Lease deleted; a follower whose reads
+    // had been failing counted the holder's claim from its last sight of the record, older than
+    // the holder's last renewal, and re-created the Lease while the holder still acted.
+    let report = run(724);
+    assert!(
+        report
+            .violations
+            .iter()
+            .all(|violation| violation.check != Check::TwoLeaders),
+        "{report}"
+    );
+    assert!(report.passed(), "{report}");
+}

@@ -9,12 +9,17 @@ use sim::{
     sweep::{sweep, threads, write_trace},
 };
 
-/// Seeds searched per safeguard before the test gives up.
-const SEARCH: u64 = 400;
+/// Seeds searched per safeguard before the test gives up (`SIM_SEARCH` to search further).
+fn search() -> u64 {
+    std::env::var("SIM_SEARCH")
+        .ok()
+        .and_then(|seeds| seeds.parse().ok())
+        .unwrap_or(400)
+}
 
 fn finds_a_violation_without(off: Safeguard) {
     let setup = Setup::without(off);
-    let result = sweep(1..=SEARCH, &Options::default(), setup, threads(), true);
+    let result = sweep(1..=search(), &Options::default(), setup, threads(), true);
     let first = result
         .failures
         .first()

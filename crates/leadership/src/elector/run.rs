@@ -411,23 +411,26 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
-    /// Records what the API server showed. A lease deleted while another holder's term ran does
-    /// not end that term at once: the holder may not know yet (its watch may lag or be
-    /// reconnecting) and keeps acting until its next poll, so a candidate that re-created the
-    /// lease at once could lead beside it. The deleted record's claim stands until RenewDeadline
-    /// after we last saw it change (a holder with our timings stops acting RenewDeadline after
-    /// its last successful renewal, which we saw no earlier than it happened), or until it would
-    /// have expired if that is sooner. The holder itself, told by its watch or its next poll,
-    /// steps down and may re-create the lease at once. A release (holder cleared, written by the
-    /// holder) is still taken at once.
+    /// Records what the API server showed. A lease deleted while a term may run does not end
+    /// that term at once: the holder may not know yet (its watch may lag or be reconnecting)
+    /// and keeps acting until RenewDeadline after its last successful renewal, which came
+    /// before the deletion. So a candidate that sees the lease gone waits RenewDeadline from
+    /// then before re-creating it, unless the record it last saw named itself. The holder
+    /// itself, told by its watch or its next poll, steps down and may re-create the lease at
+    /// once. A release (holder cleared, written by the holder) is still taken at once.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
         match (&lease, &self.observed) {
             (None, Some(previous))
-                if previous.held_by_other(&self.config, now)
+                if record::holder(&previous.lease) != Some(self.config.identity())
                     && self.config.waits_after_a_deleted_lease() =>
             {
-                let acting_until = previous.changed_at + self.config.timings().renew_deadline();
-                self.vanished_until = Some(previous.expires_at(&self.config).min(acting_until));
+                // Someone may hold it whom we did not see (our reads failing, our watch
+                // stalled: the record we last saw may be old, released or look expired), and a
+                // holder may have renewed after we last looked: only the deletion bounds its
+                // last renewal, so its claim runs RenewDeadline from now, when we learn of the
+                // deletion. (Counting from our last sight of the record let a follower with a
+                // stale view lead beside the holder; found by the simulation, seed 724.)
+                self.vanished_until = Some(now + self.config.timings().renew_deadline());
             }
             (Some(_), _) => self.vanished_until = None,
             (None, _) => {}
