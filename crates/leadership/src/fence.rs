@@ -84,6 +84,35 @@ impl Fence {
         }
     }
 
+    /// A fence for the term `leadership` names now, or `None` while following: for an app that
+    /// keeps its own controller loop (kube-runtime's `Controller`) instead of
+    /// [`Runtime`](crate::Runtime). Take one per reconcile, at its start, and call [`Fence::check`]
+    /// immediately before each write: it refuses once that term is over or its lease is not
+    /// safely held (last renewal + RenewDeadline − `margin` passed). Refusals are counted in
+    /// `metrics` (share one [`FenceMetrics`] across reconciles).
+    ///
+    /// ```
+    /// # use leadership::{Fence, FenceMetrics, Leadership};
+    /// # fn example(leadership: &Leadership, metrics: &FenceMetrics) {
+    /// // The elector's `ElectorHandle::leadership()`, cloned into the reconcile's context.
+    /// let Some(fence) = Fence::current(leadership, std::time::Duration::from_secs(1), metrics)
+    /// else {
+    ///     return; // following: write nothing, requeue or do nothing
+    /// };
+    /// if fence.check().is_ok() {
+    ///     // send the write
+    /// }
+    /// # }
+    /// ```
+    pub fn current(
+        leadership: &Leadership,
+        margin: Duration,
+        metrics: &FenceMetrics,
+    ) -> Option<Self> {
+        let term = leadership.borrow().clone()?;
+        Some(Self::new(term, leadership.clone(), margin, metrics.clone()))
+    }
+
     /// This fence, letting every write through unless `enforced` (tests that switch the fence
     /// off through [`Safeguards`](crate::Safeguards)).
     pub(crate) fn enforced(mut self, enforced: bool) -> Self {
@@ -207,6 +236,27 @@ mod tests {
         assert_eq!(fence.check(), Ok(()));
         tx.send_replace(None);
         assert!(fence.check().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_of_the_current_term_for_apps_with_their_own_controller_loop() {
+        let (tx, rx) = watch::channel(None);
+        let metrics = FenceMetrics::default();
+        assert!(Fence::current(&rx, MARGIN, &metrics).is_none(), "following");
+
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        tx.send_replace(Some(term.clone()));
+        let fence = Fence::current(&rx, MARGIN, &metrics).expect("leading");
+        assert_eq!(fence.term(), &term);
+        assert_eq!(fence.check(), Ok(()));
+        advance(RENEW_DEADLINE - MARGIN).await;
+        assert_eq!(
+            fence.check(),
+            Err(Fenced::LeaseNotSafelyHeld { term: term.id() })
+        );
+        tx.send_replace(None);
+        assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
+        assert_eq!(metrics.fenced(), 2);
     }
 
     #[tokio::test(start_paused = true)]
