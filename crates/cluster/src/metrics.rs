@@ -13,7 +13,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use leadership::{ElectorMetrics, FenceMetrics, Leadership, QueueMetrics};
+use leadership::{ElectorMetrics, FenceMetrics, LeaderGauges, Leadership, QueueMetrics};
 use slices::ProblemKind;
 
 use crate::timing::TimingMetrics;
@@ -257,18 +257,18 @@ impl Metrics {
 
 impl Collector for LeadershipCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let term = self.leadership.borrow().as_ref().map(|t| t.id());
+        let gauges = LeaderGauges::of(&self.leadership);
         gauge(
             &mut encoder,
             "leader",
             "1 while this replica holds the Lease and writes, else 0",
-            i64::from(term.is_some()),
+            gauges.leader,
         )?;
         gauge(
             &mut encoder,
             "leader_term",
             "Id of the current leadership term of this process (0 while following)",
-            term.map_or(0, |id| id as i64),
+            gauges.term,
         )?;
         counter(
             &mut encoder,

@@ -239,6 +239,17 @@ async fn reconcile_inner<W: WriteApi>(
             tracing::info!("lease not safely held; write refused, retrying shortly");
             Ok(ReconcileOutcome::NotSafelyHeld)
         }
+        // The API server's fencing policy refused a write while this term is still current
+        // here: its cache of the Lease has not yet seen this term's acquisition, or this replica
+        // was deposed and has not seen it yet. Not retried at once: after FENCED_RETRY, and only
+        // through the fence, which refuses before sending once the term is over.
+        Err(WriteError::Fenced(Fenced::RefusedByApiServer { .. })) => {
+            tracing::warn!(
+                "the API server refused a write: not the Lease's holder as it sees it; \
+                 looking again shortly"
+            );
+            Ok(ReconcileOutcome::NotSafelyHeld)
+        }
         Err(WriteError::Conflict { slice, .. }) => {
             tracing::debug!(%slice, "write conflict; planning again once the cache catches up");
             Ok(ReconcileOutcome::Conflict)

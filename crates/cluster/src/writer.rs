@@ -337,7 +337,7 @@ pub async fn write_plan<W: WriteApi>(
                 &mut written.updated,
             ),
             Write::Delete(slice) => {
-                let deleted = delete(*api, key, slice, tracker, metrics).await;
+                let deleted = delete(*api, key, slice, tracker, metrics, fence).await;
                 metrics.timing.observe(Stage::write, sending.elapsed());
                 deleted?;
                 written.deleted += 1;
@@ -359,6 +359,12 @@ pub async fn write_plan<W: WriteApi>(
                     ?operation,
                     "wrote slice"
                 );
+            }
+            // The API server's fencing policy (deploy/fencing.yaml): this replica is not the
+            // Lease's holder as the server sees it. A fenced write: counted, the pass stops.
+            Err(error) if leadership::is_fencing_policy_denial(&error) => {
+                metrics.count_write_error(operation);
+                return Err(WriteError::Fenced(fence.refused_by_api_server()));
             }
             Err(error) => {
                 metrics.count_write_error(operation);
@@ -385,6 +391,7 @@ async fn delete<W: WriteApi>(
     slice: &EndpointSlice,
     tracker: &Mutex<Tracker>,
     metrics: &Metrics,
+    fence: &Fence,
 ) -> Result<(), WriteError> {
     let name = slice_name(slice);
     let preconditions = Preconditions {
@@ -395,6 +402,10 @@ async fn delete<W: WriteApi>(
         Ok(()) => {}
         // Already gone: success.
         Err(error) if status_code(&error) == Some(404) => {}
+        Err(error) if leadership::is_fencing_policy_denial(&error) => {
+            metrics.count_write_error(Operation::Delete);
+            return Err(WriteError::Fenced(fence.refused_by_api_server()));
+        }
         Err(error) => {
             metrics.count_write_error(Operation::Delete);
             return Err(WriteError::from_api(slice, error));

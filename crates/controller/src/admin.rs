@@ -1,5 +1,9 @@
 //! Admin HTTP server: `/live`, `/ready` and `/metrics`.
 //!
+//! `/live` fails (500) only while this replica leads a term whose Lease has not been renewed for
+//! RenewDeadline plus [`LEADER_HEALTH_TOLERANCE`] ([`leadership::LeaderHealth`]): the election
+//! is stuck, and a restart hands the Lease over.
+//!
 //! `/ready` is true while every cache is synced, its watch not stalled and not re-listing past
 //! the stall bound, on followers as well as on the leader (a warm standby is ready to take over),
 //! and false once shutdown starts.
@@ -13,17 +17,25 @@ use std::{
     },
 };
 
+use std::time::Duration;
+
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
 use hyper_util::rt::TokioIo;
+use leadership::{LeaderHealth, LeaderUnhealthy};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Readiness as the admin server reports it.
+/// How late past RenewDeadline the leader's renewals may be before `/live` fails (client-go's
+/// `HealthzAdaptor` is commonly given the same 20 s).
+pub const LEADER_HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
+
+/// Readiness and liveness as the admin server reports them.
 pub struct Health {
     caches: Box<dyn Fn() -> bool + Send + Sync>,
     shutting_down: AtomicBool,
+    leader: Option<LeaderHealth>,
 }
 
 impl std::fmt::Debug for Health {
@@ -53,7 +65,20 @@ impl Health {
         Self {
             caches: Box::new(caches_ready),
             shutting_down: AtomicBool::new(false),
+            leader: None,
         }
+    }
+
+    /// Liveness that also fails while `leader` reports a leader whose renewals stopped.
+    #[must_use]
+    pub fn with_leader(mut self, leader: LeaderHealth) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// Why `/live` fails, if it does.
+    pub fn liveness(&self) -> Result<(), LeaderUnhealthy> {
+        self.leader.as_ref().map_or(Ok(()), LeaderHealth::check)
     }
 
     /// Marks the process as shutting down: it stops reporting ready.
@@ -113,7 +138,13 @@ impl Admin {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
         }
         match req.uri().path() {
-            "/live" => text(StatusCode::OK, "live\n".into()),
+            "/live" => match self.health.liveness() {
+                Ok(()) => text(StatusCode::OK, "live\n".into()),
+                Err(unhealthy) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("not live: {unhealthy}\n"),
+                ),
+            },
             "/ready" if self.health.is_ready() => text(StatusCode::OK, "ready\n".into()),
             "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
             "/metrics" => {
@@ -193,6 +224,29 @@ mod tests {
         health.set_shutting_down();
         assert_eq!(get(&admin, "/ready").0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(get(&admin, "/live").0, StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn live_fails_while_leading_with_renewals_stopped_past_the_tolerance() {
+        use leadership::testing;
+        let renew_deadline = Duration::from_secs(10);
+        let term = testing::term(tokio::time::Instant::now(), renew_deadline);
+        let (_sender, leadership) = testing::leadership(Some(term));
+        let health = Arc::new(
+            Health::following(|| true)
+                .with_leader(LeaderHealth::new(leadership, LEADER_HEALTH_TOLERANCE)),
+        );
+        let admin = Admin::new(health.clone(), Registry::default());
+        let live = |admin: &Admin| {
+            let req = Request::get("/live").body(()).unwrap();
+            admin.respond(&req).status()
+        };
+        assert_eq!(live(&admin), StatusCode::OK);
+        tokio::time::advance(renew_deadline + LEADER_HEALTH_TOLERANCE).await;
+        assert_eq!(live(&admin), StatusCode::OK);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(live(&admin), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(health.liveness().is_err());
     }
 
     #[test]

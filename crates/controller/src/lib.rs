@@ -37,7 +37,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     );
 
     let shutdown = CancellationToken::new();
-    let health = Arc::new(Health::new(controller.health()));
+    let leader =
+        leadership::LeaderHealth::new(controller.leadership(), admin::LEADER_HEALTH_TOLERANCE);
+    let health = Arc::new(Health::new(controller.health()).with_leader(leader));
     let admin = Admin::new(health.clone(), registry);
     let (admin_addr, serve_admin) = admin
         .bind(args.admin_addr, shutdown.child_token())

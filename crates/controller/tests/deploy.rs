@@ -502,3 +502,33 @@ async fn controller_runs_cluster_wide_with_only_the_deployed_rbac() {
     assert_no_rbac_errors(&a);
     assert_no_rbac_errors(&b);
 }
+
+/// `deploy/fencing.yaml` is the leadership crate's documented policy template, filled in for
+/// this controller (plus labels): the template adopters copy is the one tested here.
+#[test]
+fn fencing_policy_is_the_leadership_template_for_this_controller() {
+    let rendered = leadership::FENCING_POLICY_TEMPLATE
+        .replace("POLICY_NAME", "external-endpoints-fencing")
+        .replace("API_GROUP", "discovery.k8s.io")
+        .replace("OBJECTS", "endpointslices")
+        .replace(
+            "USER",
+            "system:serviceaccount:external-endpoints:external-endpoints",
+        )
+        .replace("LEASE_NAMESPACE", DEPLOY_NAME)
+        .replace("LEASE_NAME", LEASE_NAME);
+    let documents = |text: &str| -> Vec<serde_yaml::Value> {
+        serde_yaml::Deserializer::from_str(text)
+            .map(|document| serde_yaml::Value::deserialize(document).unwrap())
+            .collect()
+    };
+    let mut deployed =
+        documents(&std::fs::read_to_string(deploy_dir().join("fencing.yaml")).unwrap());
+    for object in &mut deployed {
+        let metadata = object["metadata"].as_mapping_mut().unwrap();
+        metadata
+            .remove("labels")
+            .expect("deployed objects are labelled");
+    }
+    assert_eq!(deployed, documents(&rendered));
+}

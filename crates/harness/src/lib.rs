@@ -20,12 +20,14 @@
 //! | [`cluster`] | [`Cluster`]: the objects of one test namespace |
 //! | [`proxy`] | [`proxy::HttpProxy`] (sees each request: watches stalled, requests held) and [`proxy::Proxy`] (TCP) in front of the API server |
 //! | [`chaos`] | the chaos tests' and the soak's world, faults and audits |
+//! | [`fencing`] | the API server's fencing policy of `deploy/fencing.yaml`, bound to a test's users and Lease |
 //! | [`fixtures`] | bulk Services and workloads of the benches |
 //! | [`report`] | `bench_main`, knobs from the environment, progress lines, result tables |
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the failure report
 
 pub mod chaos;
 pub mod cluster;
+pub mod fencing;
 pub mod fixtures;
 pub mod http;
 pub mod metrics;

@@ -285,6 +285,16 @@ impl Replica {
         self.signal("-KILL");
     }
 
+    /// Stops the process where it is (SIGSTOP), as a long pause of its node would.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`Replica::pause`]d process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     fn signal(&self, signal: &str) {
         // Once reaped the pid may be another process's: signal only a child not waited for.
         if let Some(pid) = self.child.id() {

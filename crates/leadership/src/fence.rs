@@ -52,6 +52,16 @@ pub enum Fenced {
         /// The term the refused write belonged to.
         term: u64,
     },
+    /// The API server refused the write because this process is not the Lease's holder as the
+    /// server sees it ([`FENCING_POLICY_TEMPLATE`](crate::FENCING_POLICY_TEMPLATE)), while this process still holds the term:
+    /// either the server's cache of the Lease has not yet seen this term's acquisition (a few
+    /// milliseconds) or this process was deposed and has not seen it yet. Stop the pass; look
+    /// again after a pause only while the term is still current (the fence is checked first).
+    #[error("the API server refused a write of term {term}: not the Lease's holder")]
+    RefusedByApiServer {
+        /// The term the refused write belonged to.
+        term: u64,
+    },
 }
 
 // === impl Fence ===
@@ -74,6 +84,35 @@ impl Fence {
         }
     }
 
+    /// A fence for the term `leadership` names now, or `None` while following: for an app that
+    /// keeps its own controller loop (kube-runtime's `Controller`) instead of
+    /// [`Runtime`](crate::Runtime). Take one per reconcile, at its start, and call [`Fence::check`]
+    /// immediately before each write: it refuses once that term is over or its lease is not
+    /// safely held (last renewal + RenewDeadline − `margin` passed). Refusals are counted in
+    /// `metrics` (share one [`FenceMetrics`] across reconciles).
+    ///
+    /// ```
+    /// # use leadership::{Fence, FenceMetrics, Leadership};
+    /// # fn example(leadership: &Leadership, metrics: &FenceMetrics) {
+    /// // The elector's `ElectorHandle::leadership()`, cloned into the reconcile's context.
+    /// let Some(fence) = Fence::current(leadership, std::time::Duration::from_secs(1), metrics)
+    /// else {
+    ///     return; // following: write nothing, requeue or do nothing
+    /// };
+    /// if fence.check().is_ok() {
+    ///     // send the write
+    /// }
+    /// # }
+    /// ```
+    pub fn current(
+        leadership: &Leadership,
+        margin: Duration,
+        metrics: &FenceMetrics,
+    ) -> Option<Self> {
+        let term = leadership.borrow().clone()?;
+        Some(Self::new(term, leadership.clone(), margin, metrics.clone()))
+    }
+
     /// This fence, letting every write through unless `enforced` (tests that switch the fence
     /// off through [`Safeguards`](crate::Safeguards)).
     pub(crate) fn enforced(mut self, enforced: bool) -> Self {
@@ -89,6 +128,21 @@ impl Fence {
             self.metrics.fenced.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// Records that the API server refused a write of this term because this process does not
+    /// hold the Lease ([`is_fencing_policy_denial`](crate::is_fencing_policy_denial)):
+    /// counted in [`FenceMetrics`] like a refusal of [`Fence::check`]. Returns the refusal to
+    /// stop the pass with: [`Fenced::TermEnded`] when the term is over by now, else
+    /// [`Fenced::RefusedByApiServer`].
+    pub fn refused_by_api_server(&self) -> Fenced {
+        self.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+        let term = self.term.id();
+        if self.is_current() {
+            Fenced::RefusedByApiServer { term }
+        } else {
+            Fenced::TermEnded { term }
+        }
     }
 
     /// Whether the term is still current, without counting a refusal.
@@ -182,5 +236,44 @@ mod tests {
         assert_eq!(fence.check(), Ok(()));
         tx.send_replace(None);
         assert!(fence.check().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_of_the_current_term_for_apps_with_their_own_controller_loop() {
+        let (tx, rx) = watch::channel(None);
+        let metrics = FenceMetrics::default();
+        assert!(Fence::current(&rx, MARGIN, &metrics).is_none(), "following");
+
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        tx.send_replace(Some(term.clone()));
+        let fence = Fence::current(&rx, MARGIN, &metrics).expect("leading");
+        assert_eq!(fence.term(), &term);
+        assert_eq!(fence.check(), Ok(()));
+        advance(RENEW_DEADLINE - MARGIN).await;
+        assert_eq!(
+            fence.check(),
+            Err(Fenced::LeaseNotSafelyHeld { term: term.id() })
+        );
+        tx.send_replace(None);
+        assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
+        assert_eq!(metrics.fenced(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusal_by_the_api_server_is_counted_and_names_the_term() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let metrics = FenceMetrics::default();
+        let fence = Fence::new(term.clone(), rx, MARGIN, metrics.clone());
+        assert_eq!(
+            fence.refused_by_api_server(),
+            Fenced::RefusedByApiServer { term: term.id() }
+        );
+        tx.send_replace(None);
+        assert_eq!(
+            fence.refused_by_api_server(),
+            Fenced::TermEnded { term: term.id() }
+        );
+        assert_eq!(metrics.fenced(), 2);
     }
 }

@@ -126,9 +126,11 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod api_fence;
 mod elector;
 mod fence;
 mod gate;
+mod health;
 mod queue;
 mod runtime;
 mod safeguards;
@@ -139,17 +141,19 @@ mod term;
 pub mod testing;
 
 pub use self::{
+    api_fence::{FENCING_POLICY_DENIAL, FENCING_POLICY_TEMPLATE, is_fencing_policy_denial},
     elector::{
         CandidateConfig, CandidateError, ElectorError, ElectorHandle, ElectorMetrics, LeaseConfig,
         LeaseConfigError, LeaseElector, LeaseTimings,
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Dispatcher, TermContext},
+    health::{LeaderGauges, LeaderHealth, LeaderUnhealthy},
     queue::{QueueKey, QueueMetrics},
     runtime::{
         Action, Reconciler, Runtime, RuntimeConfig, RuntimeConfigBuilder, RuntimeConfigError,
         RuntimeError,
     },
     safeguards::Safeguards,
-    term::{Leadership, Term},
+    term::{FencingToken, Leadership, Term},
 };

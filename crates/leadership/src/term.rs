@@ -35,6 +35,24 @@ pub struct Term {
     id: u64,
     acquired_at: Instant,
     renewal: Arc<Renewal>,
+    token: Option<FencingToken>,
+}
+
+/// What the Lease said when this process acquired it for a term: the holder identity it wrote
+/// and the Lease's `leaseTransitions` after the acquisition. Any other process's writes to the
+/// Lease name another holder or a higher transition count, so the pair identifies the term
+/// across processes, as the term id cannot.
+///
+/// Use it where the API server or another system can compare it with the Lease: a
+/// ValidatingAdmissionPolicy comparing `holderIdentity` (see
+/// [`FENCING_POLICY_TEMPLATE`](crate::FENCING_POLICY_TEMPLATE)), or an annotation on the objects
+/// a term writes, refused by a policy when its transition count is below the Lease's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FencingToken {
+    /// The Lease's `spec.holderIdentity`: this process's identity.
+    pub holder_identity: String,
+    /// The Lease's `spec.leaseTransitions` once this term acquired it.
+    pub lease_transitions: i32,
 }
 
 /// When the lease behind a term was last renewed, and how long a renewal keeps it safely held.
@@ -57,7 +75,21 @@ impl Term {
                 last_renewed_at: Mutex::new(renewed_at),
                 renew_deadline: Some(renew_deadline),
             }),
+            token: None,
         }
+    }
+
+    /// This term, with the Lease's holder and transition count as written at its acquisition.
+    pub(crate) fn with_token(mut self, token: FencingToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// The fencing token of this term: the Lease's holder identity and transition count as
+    /// written when the term began. `None` for a term not backed by a Lease (tests, hand-driven
+    /// terms, an external elector).
+    pub fn fencing_token(&self) -> Option<&FencingToken> {
+        self.token.as_ref()
     }
 
     /// A term that never expires, for tests and for running without an API server (like Linkerd's
@@ -72,6 +104,7 @@ impl Term {
                 last_renewed_at: Mutex::new(now),
                 renew_deadline: None,
             }),
+            token: None,
         }
     }
 
@@ -122,7 +155,15 @@ impl fmt::Debug for Term {
             .field("id", &self.id)
             .field("acquired_at", &self.acquired_at)
             .field("last_renewed_at", &self.last_renewed_at())
+            .field("token", &self.token)
             .finish()
+    }
+}
+
+impl fmt::Display for FencingToken {
+    /// `holder@transitions`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.holder_identity, self.lease_transitions)
     }
 }
 

@@ -34,7 +34,7 @@ use crate::writer::WriteApi;
 pub struct FakeApi {
     calls: Mutex<Vec<String>>,
     preconditions: Mutex<Vec<(String, Preconditions)>>,
-    failures: Mutex<HashMap<String, u16>>,
+    failures: Mutex<HashMap<String, (u16, String)>>,
     end_term_after: Mutex<Option<(usize, LeadershipSender)>>,
     server: Option<Arc<SliceServer>>,
 }
@@ -74,7 +74,20 @@ impl FakeApi {
 
     /// From now on, answers `call` with HTTP status `code`, without sending it on.
     pub fn fail(&self, call: &str, code: u16) {
-        self.failures.lock().insert(call.into(), code);
+        self.failures
+            .lock()
+            .insert(call.into(), (code, "injected".into()));
+    }
+
+    /// From now on, answers `call` as the API server's fencing policy refuses a replica that
+    /// does not hold the Lease (403, [`leadership::FENCING_POLICY_DENIAL`]).
+    pub fn deny_as_not_holder(&self, call: &str) {
+        let message = format!(
+            "ValidatingAdmissionPolicy 'fencing' with binding 'fencing' denied request: \
+             'replica-a' {} ns/lease",
+            leadership::FENCING_POLICY_DENIAL
+        );
+        self.failures.lock().insert(call.into(), (403, message));
     }
 
     /// Ends the term published through `sender` right after the `calls`-th call from now
@@ -99,7 +112,7 @@ impl FakeApi {
     }
 
     fn answer(&self, call: String) -> Result<(), kube::Error> {
-        let failure = self.failures.lock().get(&call).copied();
+        let failure = self.failures.lock().get(&call).cloned();
         let count = {
             let mut calls = self.calls.lock();
             calls.push(call);
@@ -111,7 +124,7 @@ impl FakeApi {
         {
             sender.send_replace(None);
         }
-        failure.map_or(Ok(()), |code| Err(status(code)))
+        failure.map_or(Ok(()), |(code, message)| Err(status_with(code, &message)))
     }
 }
 
@@ -177,11 +190,12 @@ impl WriteApi for FakeApi {
 
 /// An API error with HTTP status `code`.
 pub fn status(code: u16) -> kube::Error {
-    kube::Error::Api(
-        Status::failure("injected", "Injected")
-            .with_code(code)
-            .boxed(),
-    )
+    status_with(code, "injected")
+}
+
+/// An API error with HTTP status `code` and `message`.
+pub fn status_with(code: u16, message: &str) -> kube::Error {
+    kube::Error::Api(Status::failure(message, "Injected").with_code(code).boxed())
 }
 
 // === impl TestTerm ===

@@ -252,6 +252,50 @@ async fn term_ending_mid_pass_fences_every_later_call() {
     );
 }
 
+#[tokio::test]
+async fn refusal_by_the_fencing_policy_is_a_fenced_write_that_stops_the_pass() {
+    let api = FakeApi::default();
+    api.deny_as_not_holder("replace web-a");
+    let pass = Pass::new();
+    let plan = plan(&[], &["web-a", "web-b"], &["web-c"]);
+    let error = pass.write(&api, &plan).await.unwrap_err();
+    assert!(
+        matches!(error, WriteError::Fenced(Fenced::RefusedByApiServer { .. })),
+        "{error:?}"
+    );
+    assert_eq!(api.calls(), ["replace web-a"], "nothing sent after it");
+}
+
+#[tokio::test]
+async fn rbac_refusal_is_an_api_error_not_a_fenced_write() {
+    let api = FakeApi::failing(&[("replace web-a", 403)]);
+    let pass = Pass::new();
+    let error = pass.write(&api, &plan(&[], &["web-a"], &[])).await;
+    assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
+}
+
+#[tokio::test]
+async fn delete_refused_by_the_fencing_policy_is_a_fenced_write() {
+    let api = FakeApi::default();
+    api.deny_as_not_holder("delete web-a");
+    let pass = Pass::new();
+    let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+    assert!(
+        matches!(
+            error,
+            Err(WriteError::Fenced(Fenced::RefusedByApiServer { .. }))
+        ),
+        "{error:?}"
+    );
+    assert_eq!(api.calls(), ["delete web-a"]);
+    assert!(
+        !pass
+            .tracker
+            .lock()
+            .is_expected_delete(&cached("web-a", false))
+    );
+}
+
 /// A client of an API server that accepts connections and never answers (as one whose
 /// storage is down may); the listener thread holds every connection open.
 fn silent_api_server() -> Client {

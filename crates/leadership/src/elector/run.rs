@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     store::{LeaseStore, StoreError},
-    term::{LeadershipSender, Term},
+    term::{FencingToken, LeadershipSender, Term},
 };
 
 /// How many times a release is retried after losing a race with a concurrent write.
@@ -474,6 +474,10 @@ impl<S: LeaseStore> Candidate<S> {
     /// A write of ours succeeded: `sent_at` (taken before the request) starts a new term or
     /// extends the current one.
     fn renewed(&mut self, lease: Lease, sent_at: Instant) {
+        let token = lease.spec.as_ref().map(|spec| FencingToken {
+            holder_identity: spec.holder_identity.clone().unwrap_or_default(),
+            lease_transitions: spec.lease_transitions.unwrap_or(0),
+        });
         self.written_version = lease.metadata.resource_version.clone();
         self.watch_caught_up = false;
         self.observe(Some(lease), Instant::now());
@@ -483,7 +487,10 @@ impl<S: LeaseStore> Candidate<S> {
                 debug!(term = term.id(), "renewed the lease");
             }
             None => {
-                let term = Term::new(sent_at, self.config.timings().renew_deadline());
+                let mut term = Term::new(sent_at, self.config.timings().renew_deadline());
+                if let Some(token) = token {
+                    term = term.with_token(token);
+                }
                 ElectorMetrics::count(&self.metrics.counters.acquisitions);
                 info!(term = term.id(), "acquired the lease; leading");
                 self.term = Some(term.clone());

@@ -636,3 +636,32 @@ async fn candidate_whose_requests_fail_at_once_after_the_lease_expired_waits_bet
     assert_eq!(connection.calls(), calls, "attempts without time passing");
     assert!(current(&b).is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_term_carries_the_holder_and_transition_count_it_wrote_as_its_fencing_token() {
+    let store = MemoryLeaseStore::new();
+    let a = candidate(&store.connect(), "a");
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let first = current(&a).expect("leading");
+    let token = first
+        .fencing_token()
+        .expect("a Lease-backed term has a token");
+    assert_eq!(token.holder_identity, "a");
+    assert_eq!(
+        Some(token.lease_transitions),
+        spec(&store).lease_transitions
+    );
+
+    let b = candidate(&store.connect(), "b");
+    sleep(Duration::from_millis(700)).await;
+    a.release().await.expect("released");
+    wait_leading(&b, true, Duration::from_millis(10)).await;
+    let second = current(&b).expect("leading");
+    let next = second.fencing_token().expect("token");
+    assert_eq!(next.holder_identity, "b");
+    assert_eq!(next.lease_transitions, token.lease_transitions + 1);
+    assert_eq!(
+        next.to_string(),
+        format!("b@{}", token.lease_transitions + 1)
+    );
+}

@@ -53,6 +53,8 @@ pub struct RuntimeConfig {
     pub(crate) queue: QueueConfig,
     /// The fence, the drain and fresh state per term: always on outside tests.
     pub(crate) safeguards: Safeguards,
+    /// How long a term may wait for [`Reconciler::prepare_term`] before it is given up.
+    pub(crate) prepare_timeout: Duration,
 }
 
 /// Builds a [`RuntimeConfig`]; every setting starts at its default.
@@ -98,10 +100,22 @@ pub enum RuntimeError {
     /// The elector stopped on its own. Not retryable: exit the process so that it restarts.
     #[error("leader election stopped: {0}")]
     ElectorLost(#[from] ElectorError),
-    /// A worker ended while the runtime was running (a reconcile panicked). Not retryable: a bug;
-    /// exit the process rather than keep running with fewer workers.
+    /// A worker ended while the runtime was running (a reconcile panicked). The term was ended
+    /// and the Lease released before this is returned. Not retryable: a bug; exit the process
+    /// rather than keep running with fewer workers.
     #[error("a worker stopped unexpectedly: {0}")]
     WorkerFailed(String),
+    /// A term's [`Reconciler::prepare_term`] did not finish within the prepare timeout
+    /// ([`RuntimeConfigBuilder::prepare_timeout`]). The term was given up and the Lease released
+    /// before this is returned, so a standby can lead. Retryable by restarting: exit non-zero;
+    /// a replica whose preparation hangs should not keep the Lease.
+    #[error("term {term} gave up: its preparation took longer than {waited:?}")]
+    PrepareTimedOut {
+        /// The term given up.
+        term: u64,
+        /// The prepare timeout it waited.
+        waited: Duration,
+    },
 }
 
 /// What an app plugs into the [`Runtime`]: the three things it does for a term.
@@ -153,6 +167,8 @@ type PrepareFn = Arc<dyn Fn(&Term) -> BoxFuture<'static, ()> + Send + Sync>;
 struct Preparing {
     term: Term,
     ready: BoxFuture<'static, ()>,
+    /// When the term is given up if its preparation has not finished.
+    deadline: Instant,
 }
 
 /// A controller's runtime: handlers gated on leadership, a per-term work queue, workers, and a
@@ -175,6 +191,7 @@ impl Default for RuntimeConfig {
             workers: NonZeroUsize::MIN.saturating_add(3), // 4
             drain_timeout: Duration::from_secs(10),
             fence_margin: Duration::from_secs(1),
+            prepare_timeout: Duration::from_secs(30),
             resync_period: Some(Duration::from_secs(600)),
             queue: QueueConfig::default(),
             safeguards: Safeguards::default(),
@@ -183,6 +200,17 @@ impl Default for RuntimeConfig {
 }
 
 impl RuntimeConfig {
+    /// This configuration with some protections switched off, for tests that show what
+    /// notices their absence (e.g. `Safeguards::default().without_fence()`: a replica that
+    /// writes past its term, as one paused past its lease would without the fence).
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    #[must_use]
+    pub fn with_safeguards(mut self, safeguards: Safeguards) -> Self {
+        self.safeguards = safeguards;
+        self
+    }
+
     /// A builder starting from the defaults.
     pub fn builder() -> RuntimeConfigBuilder {
         let config = Self::default();
@@ -210,6 +238,11 @@ impl RuntimeConfig {
     /// Period of the full replay while leading; `None` when disabled.
     pub fn resync_period(&self) -> Option<Duration> {
         self.resync_period
+    }
+
+    /// How long a term may wait for [`Reconciler::prepare_term`] before it is given up.
+    pub fn prepare_timeout(&self) -> Duration {
+        self.prepare_timeout
     }
 }
 
@@ -257,6 +290,15 @@ impl RuntimeConfigBuilder {
     pub fn retry_rate(mut self, per_second: f64, burst: u32) -> Self {
         self.config.queue.retry_qps = per_second;
         self.config.queue.retry_burst = burst;
+        self
+    }
+
+    /// How long a newly acquired term may wait for [`Reconciler::prepare_term`] (e.g. caches
+    /// catching up with the API server) before the runtime gives the term up: it releases the
+    /// Lease, so another replica can lead, and [`Runtime::run`] returns
+    /// [`RuntimeError::PrepareTimedOut`]. Default 30 s.
+    pub fn prepare_timeout(mut self, timeout: Duration) -> Self {
+        self.config.prepare_timeout = timeout;
         self
     }
 
@@ -368,7 +410,9 @@ where
     /// [`RuntimeError::ElectorLost`] if the elector task ends on its own (a panic, a bug): the
     /// handlers are deregistered and the workers stopped first. The caller must stop the process
     /// (exit non-zero, so that it is restarted) rather than keep running without an election.
-    /// [`RuntimeError::WorkerFailed`] if a reconcile panicked.
+    /// [`RuntimeError::WorkerFailed`] if a reconcile panicked: the term is ended first (its
+    /// queued keys dropped, the other workers' in-flight reconciles given the drain timeout) and
+    /// the Lease released, so a standby takes over at once.
     #[must_use = "the result says whether the elector was lost; it must not be ignored"]
     pub async fn run(
         self,
@@ -383,10 +427,14 @@ where
         let mut preparing: Option<Preparing> = None;
         let mut next_resync = self.next_resync();
         let mut leadership_open = true;
+        // Why the run fails, if it does (a worker stopped, a preparation timed out): it ends
+        // with this error after the release.
+        let mut failed: Option<RuntimeError> = None;
         let initial = leadership.borrow_and_update().clone();
         self.apply(&mut current, &mut preparing, initial);
 
         loop {
+            let prepare_deadline = preparing.as_ref().map(|p| p.deadline);
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -420,16 +468,32 @@ where
                     }
                 }
                 Some(ended) = workers.join_next() => {
-                    if let Some(term) = current.take() {
-                        self.gate.stop(term.id());
-                    }
-                    self.queue.close();
-                    workers.abort_all();
+                    // A bug. End the term as a shutdown would, so a standby takes over at once
+                    // instead of a LeaseDuration later: stop the term (its queued keys are
+                    // dropped; the panicked key stays in flight forever, so no queue drain),
+                    // let the other workers finish what they are writing, release, then fail.
                     let reason = match ended {
                         Ok(()) => "it returned".to_string(),
                         Err(error) => error.to_string(),
                     };
-                    return Err(RuntimeError::WorkerFailed(reason));
+                    warn!(%reason, "a worker stopped; ending the term and releasing the lease");
+                    failed = Some(RuntimeError::WorkerFailed(reason));
+                    break;
+                }
+                () = sleep_until(prepare_deadline.unwrap_or_else(Instant::now)),
+                    if prepare_deadline.is_some() =>
+                {
+                    // Its handlers were never registered: nothing queued, nothing to drain.
+                    if let Some(Preparing { term, .. }) = preparing.take() {
+                        let waited = self.config.prepare_timeout;
+                        warn!(
+                            term = term.id(),
+                            ?waited,
+                            "term preparation timed out; giving the term up and releasing the lease"
+                        );
+                        failed = Some(RuntimeError::PrepareTimedOut { term: term.id(), waited });
+                    }
+                    break;
                 }
                 () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
                     if let Some(term) = &current {
@@ -445,7 +509,11 @@ where
         drop(preparing);
         self.gate.close_intake();
         let deadline = Instant::now() + self.config.drain_timeout;
-        if current.is_some() && self.config.safeguards.drain {
+        if failed.is_some() {
+            if let Some(term) = &current {
+                self.gate.stop(term.id());
+            }
+        } else if current.is_some() && self.config.safeguards.drain {
             self.drain(deadline, &mut current, &mut leadership).await;
         }
         self.queue.close();
@@ -459,6 +527,9 @@ where
         elector.release().await?;
         if let Some(term) = current.take() {
             self.gate.stop(term.id());
+        }
+        if let Some(error) = failed {
+            return Err(error);
         }
         info!("stopped");
         Ok(())
@@ -531,6 +602,7 @@ where
         if let Some(term) = next {
             *preparing = Some(Preparing {
                 ready: (self.prepare)(&term),
+                deadline: Instant::now() + self.config.prepare_timeout,
                 term,
             });
         }

@@ -554,6 +554,67 @@ async fn a_panicking_reconcile_ends_the_runtime_visibly() {
     );
 }
 
+/// A panicking reconcile used to end `run` without releasing the Lease: a standby then waited a
+/// full LeaseDuration (15 s by default) for it to expire.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_reconcile_releases_the_lease_so_a_standby_takes_over_at_once() {
+    let store = MemoryLeaseStore::new();
+    let leader = elector(&store, "a");
+    let mut leading = leader.leadership();
+    leading.wait_for(Option::is_some).await.expect("a leads");
+    let standby = elector(&store, "b");
+    sleep(Duration::from_millis(700)).await; // b has polled and watches the Lease
+    let other_key_done = Arc::new(AtomicU64::new(0));
+    let done = other_key_done.clone();
+    let runtime = Runtime::new(
+        RuntimeConfig::builder().workers(2).build().expect("valid"),
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                context.enqueue(1);
+                context.enqueue(2);
+            },
+            move |key: u32, _context: TermContext<u32, ()>| {
+                let done = done.clone();
+                async move {
+                    if key == 1 {
+                        panic!("bug in reconcile");
+                    }
+                    // The other worker's in-flight reconcile finishes before the release.
+                    sleep(Duration::from_millis(50)).await;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Fenced>(Action::Done)
+                }
+            },
+        ),
+    );
+    let result = timeout(
+        Duration::from_secs(1),
+        runtime.run(leader, CancellationToken::new()),
+    )
+    .await
+    .expect("returned");
+    let returned_at = Instant::now();
+    assert!(
+        matches!(result, Err(RuntimeError::WorkerFailed(_))),
+        "{result:?}"
+    );
+    assert_eq!(other_key_done.load(Ordering::SeqCst), 1);
+    let mut standby_leading = standby.leadership();
+    timeout(
+        Duration::from_millis(100),
+        standby_leading.wait_for(Option::is_some),
+    )
+    .await
+    .expect("the standby takes over well within a LeaseDuration")
+    .expect("leadership");
+    assert_eq!(holder(&store).as_deref(), Some("b"));
+    println!(
+        "take-over after the panic: {:?} after run returned",
+        Instant::now() - returned_at
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
     let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
@@ -696,4 +757,59 @@ async fn shutdown_while_preparing_releases_at_once() {
         .expect("nothing to drain: returned at once")
         .expect("task")
         .expect("clean shutdown");
+}
+
+/// A preparation that never finishes (a cache that never catches up) used to hold the Lease
+/// forever with nothing published.
+#[tokio::test(start_paused = true)]
+async fn a_preparation_past_the_prepare_timeout_gives_the_term_up_and_releases_the_lease() {
+    let store = MemoryLeaseStore::new();
+    let leader = elector(&store, "a");
+    let mut leading = leader.leadership();
+    leading.wait_for(Option::is_some).await.expect("a leads");
+    let acquired_at = Instant::now();
+    let standby = elector(&store, "b");
+    let replays = Arc::new(AtomicU64::new(0));
+    let runtime = Runtime::new(
+        RuntimeConfig::builder()
+            .prepare_timeout(Duration::from_secs(5))
+            .build()
+            .expect("valid"),
+        Prepared {
+            ready: Arc::new(Notify::new()), // never notified
+            replays: replays.clone(),
+        },
+    );
+    let result = timeout(
+        Duration::from_secs(6),
+        runtime.run(leader, CancellationToken::new()),
+    )
+    .await
+    .expect("returned after the prepare timeout");
+    assert!(
+        matches!(
+            result,
+            Err(RuntimeError::PrepareTimedOut { waited, .. }) if waited == Duration::from_secs(5)
+        ),
+        "{result:?}"
+    );
+    assert!(Instant::now() - acquired_at >= Duration::from_secs(5));
+    assert_eq!(replays.load(Ordering::SeqCst), 0, "never replayed");
+    let mut standby_leading = standby.leadership();
+    timeout(
+        Duration::from_millis(100),
+        standby_leading.wait_for(Option::is_some),
+    )
+    .await
+    .expect("the standby takes over at once")
+    .expect("leadership");
+    assert_eq!(holder(&store).as_deref(), Some("b"));
+}
+
+#[test]
+fn prepare_timeout_defaults_to_30_seconds() {
+    assert_eq!(
+        RuntimeConfig::default().prepare_timeout(),
+        Duration::from_secs(30)
+    );
 }
