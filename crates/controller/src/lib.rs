@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod logging;
 pub mod process;
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admin::{Admin, Health},
-    cli::Settings,
+    cli::{CheckArgs, Output, Settings},
     process::ProcessCollector,
 };
 
@@ -26,7 +27,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let args = &settings.args;
     logging::init(args.log_format, &args.log_level)?;
     let config = controller_config(&settings);
-    let client = client(&settings).await?;
+    let client = client(&settings, None).await?;
 
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessCollector));
@@ -75,7 +76,26 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
     }
 }
 
-async fn client(settings: &Settings) -> anyhow::Result<kube::Client> {
+/// `external-endpoints check`: prints every check's outcome; true when all passed.
+pub async fn check(settings: &Settings, check: &CheckArgs) -> anyhow::Result<bool> {
+    let impersonate = check
+        .as_user
+        .clone()
+        .map(|user| (user, check.as_groups.clone()));
+    let client = client(settings, impersonate).await?;
+    let outcomes = check::run(&client, settings).await;
+    match check.output {
+        Output::Text => outcomes.iter().for_each(|o| println!("{}", o.line())),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&outcomes)?),
+    }
+    Ok(outcomes.iter().all(|o| o.ok))
+}
+
+/// The kubeconfig's client; `impersonate` is a user and groups to act as (`--as`).
+async fn client(
+    settings: &Settings,
+    impersonate: Option<(String, Vec<String>)>,
+) -> anyhow::Result<kube::Client> {
     let args = &settings.args;
     let options = KubeConfigOptions {
         context: args.context.clone(),
@@ -90,6 +110,11 @@ async fn client(settings: &Settings) -> anyhow::Result<kube::Client> {
         None if args.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
         None => kube::Config::infer().await?,
     };
+    let mut config = config;
+    if let Some((user, groups)) = impersonate {
+        config.auth_info.impersonate = Some(user);
+        config.auth_info.impersonate_groups = (!groups.is_empty()).then_some(groups);
+    }
     Ok(kube::Client::try_from(config)?)
 }
 
