@@ -138,6 +138,28 @@ pub enum Command {
     /// Checks the API server, the ExternalWorkload CRD, the controller's rights and the Lease;
     /// one line per check, exit code 1 when any fails.
     Check(CheckArgs),
+    /// Shows what the controller would write now, per Service, without writing; exit code 0
+    /// when nothing would change, 1 when something would, 2 on error (as `kubectl diff`).
+    Diff(DiffArgs),
+}
+
+/// Flags of `diff` (the planner's flags and --watch-namespace are the controller's own).
+#[derive(Clone, Debug, clap::Args)]
+pub struct DiffArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = DiffOutput::Text)]
+    pub output: DiffOutput,
+}
+
+/// How `diff` prints the planned writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffOutput {
+    /// Per Service a summary line, then one line per write.
+    Text,
+    /// One line per Service.
+    Summary,
+    /// One JSON document.
+    Json,
 }
 
 /// Flags of `check` (the kubeconfig, Lease and election flags are the controller's own).

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod check;
 pub mod cli;
+pub mod diff;
 pub mod logging;
 pub mod process;
 
@@ -18,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admin::{Admin, Health},
-    cli::{CheckArgs, Output, Settings},
+    cli::{CheckArgs, DiffArgs, DiffOutput, Output, Settings},
     process::ProcessCollector,
 };
 
@@ -89,6 +90,21 @@ pub async fn check(settings: &Settings, check: &CheckArgs) -> anyhow::Result<boo
         Output::Json => println!("{}", serde_json::to_string_pretty(&outcomes)?),
     }
     Ok(outcomes.iter().all(|o| o.ok))
+}
+
+/// `external-endpoints diff`: prints the writes the controller would make now; true when
+/// there are none.
+pub async fn diff(settings: &Settings, diff: &DiffArgs) -> anyhow::Result<bool> {
+    let client = client(settings, None).await?;
+    let diffs = diff::run(&client, settings).await?;
+    match diff.output {
+        DiffOutput::Text => {
+            (diffs.iter().flat_map(diff::ServiceDiff::lines)).for_each(|line| println!("{line}"))
+        }
+        DiffOutput::Summary => diffs.iter().for_each(|d| println!("{}", d.summary())),
+        DiffOutput::Json => println!("{}", serde_json::to_string_pretty(&diffs)?),
+    }
+    Ok(diffs.is_empty())
 }
 
 /// The kubeconfig's client; `impersonate` is a user and groups to act as (`--as`).

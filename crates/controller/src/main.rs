@@ -3,7 +3,7 @@
 use external_endpoints::{
     check,
     cli::{Args, Command},
-    run,
+    diff, run,
 };
 
 fn main() -> std::process::ExitCode {
@@ -21,6 +21,14 @@ fn main() -> std::process::ExitCode {
     let result = match settings.args.command.clone() {
         None => runtime.block_on(run(settings)).map(|()| true),
         Some(Command::Check(args)) => runtime.block_on(check(&settings, &args)),
+        Some(Command::Diff(args)) => match runtime.block_on(diff(&settings, &args)) {
+            // As `kubectl diff`: 1 means "there are changes", so an error is 2.
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                return std::process::ExitCode::from(2);
+            }
+            result => result,
+        },
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,
