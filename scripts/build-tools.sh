@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the operator-tooling binaries the tests use (helm; more to come) from Go modules into
+# Builds the operator-tooling binaries the tests use (helm, promtool, prometheus) from Go modules into
 # ~/.cache/external-endpoints/<tool>-<version>, once. Prints each binary's path.
 #   scripts/build-tools.sh            # every tool
 #   scripts/build-tools.sh helm       # one tool
 set -euo pipefail
 
 HELM_VERSION=v3.21.4
+PROMETHEUS_VERSION=v0.316.0
 
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
@@ -30,10 +31,13 @@ build() { # <name> <version> <package>
 }
 
 tools=("$@")
-[[ ${#tools[@]} -gt 0 ]] || tools=(helm)
+[[ ${#tools[@]} -gt 0 ]] || tools=(helm promtool prometheus)
 for tool in "${tools[@]}"; do
   case "$tool" in
     helm) build helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
+    promtool) build promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool ;;
+    # Without the web UI's assets (not needed: the tests use the HTTP API only).
+    prometheus) build prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus ;;
     *) log "unknown tool $tool"; exit 2 ;;
   esac
 done
