@@ -217,3 +217,33 @@ async fn the_chart_installs_upgrades_and_uninstalls() {
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client);
     assert!(roles.get_opt(release).await.unwrap().is_none());
 }
+
+#[test]
+fn the_chart_renders_the_rules_of_deploy_monitoring_when_asked() {
+    let Some(helm) = helm() else { return };
+    let chart = chart();
+    let rendered = run(
+        &helm,
+        &[
+            "template",
+            "external-endpoints",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "external-endpoints",
+            "--set",
+            "monitoring.prometheusRule.enabled=true",
+        ],
+    );
+    let mut charted = BTreeMap::new();
+    objects(&rendered, &mut charted);
+    let rule = &charted["PrometheusRule external-endpoints/external-endpoints"];
+    let text = std::fs::read_to_string(repo().join("deploy/monitoring/rules.yaml")).unwrap();
+    let rules: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(rule["spec"], rules);
+    let deployed = std::fs::read_to_string(repo().join("deploy/monitoring/prometheus-rule.yaml"));
+    let deployed: serde_json::Value = serde_yaml::from_str(&deployed.unwrap()).unwrap();
+    assert_eq!(
+        rule, &deployed,
+        "the chart's PrometheusRule is deploy/monitoring's"
+    );
+}
