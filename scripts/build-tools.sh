@@ -3,6 +3,10 @@
 # ~/.cache/external-endpoints/<tool>-<version>, once. Prints each binary's path.
 #   scripts/build-tools.sh            # every tool
 #   scripts/build-tools.sh helm       # one tool
+#
+# Measured on a 2-core machine shared with other builds (Go 1.26, empty module cache for helm):
+# cold helm 193 s, promtool 559 s, prometheus 128 s (after promtool: modules and packages
+# cached); warm (all present) under 0.1 s.
 set -euo pipefail
 
 HELM_VERSION=v3.21.4
