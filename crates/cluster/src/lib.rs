@@ -25,6 +25,7 @@ mod health;
 mod intern;
 pub mod measure;
 mod metrics;
+mod preview;
 mod reconcile;
 mod safeguards;
 mod store;
@@ -62,7 +63,7 @@ use crate::{
     },
     writer::{KubeWrites, WriteRate},
 };
-pub use crate::{health::CacheHealth, safeguards::Safeguards};
+pub use crate::{health::CacheHealth, preview::plan_all, safeguards::Safeguards};
 
 /// Everything the controller is configured with.
 #[derive(Clone, Debug)]

@@ -18,16 +18,16 @@ use leadership::{
 #[command(name = "external-endpoints", version, about, long_about = None)]
 pub struct Args {
     /// Path to a kubeconfig file; without it, KUBECONFIG, ~/.kube/config, then in-cluster config.
-    #[arg(long, env = "KUBECONFIG")]
+    #[arg(global = true, long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
     /// Kubeconfig context to use instead of the current one.
-    #[arg(long)]
+    #[arg(global = true, long)]
     pub context: Option<String>,
 
     /// Watch only this namespace (Services, ExternalWorkloads, EndpointSlices); all namespaces
     /// when unset.
-    #[arg(long, env = "WATCH_NAMESPACE")]
+    #[arg(global = true, long, env = "WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
 
     /// Identity recorded as the Lease holder; falls back to POD_NAME, then HOSTNAME.
@@ -35,11 +35,16 @@ pub struct Args {
     pub identity: Option<String>,
 
     /// Name of the Lease used for leader election.
-    #[arg(long, env = "LEASE_NAME", default_value = "external-endpoints-write")]
+    #[arg(
+        global = true,
+        long,
+        env = "LEASE_NAME",
+        default_value = "external-endpoints-write"
+    )]
     pub lease_name: String,
 
     /// Namespace of the Lease (normally the controller's own namespace).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    #[arg(global = true, long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
 
     /// How long a Lease is valid for others after its last observed change.
@@ -58,7 +63,7 @@ pub struct Args {
     /// API server's election controller names this replica (the oldest version leads during a
     /// rolling upgrade). Needs the API server's CoordinatedLeaderElection feature gate and the
     /// coordination.k8s.io/v1beta1 API; off: replicas take the Lease themselves.
-    #[arg(long, env = "COORDINATED_ELECTION")]
+    #[arg(global = true, long, env = "COORDINATED_ELECTION")]
     pub coordinated_election: bool,
 
     /// With --coordinated-election: the emulation version announced in the LeaseCandidate
@@ -76,15 +81,24 @@ pub struct Args {
     pub write_qps: u32,
 
     /// Maximum endpoints in one EndpointSlice (1..=1000).
-    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
+    #[arg(
+        global = true,
+        long,
+        default_value_t = 100,
+        allow_negative_numbers = true
+    )]
     pub max_endpoints_per_slice: usize,
 
     /// Value of the endpointslice.kubernetes.io/managed-by label on the slices this controller owns.
-    #[arg(long, default_value = "linkerd-external-workloads-controller")]
+    #[arg(
+        global = true,
+        long,
+        default_value = "linkerd-external-workloads-controller"
+    )]
     pub managed_by: String,
 
     /// Prefix of generated slice names (`<prefix><service>-xxxxx`).
-    #[arg(long, default_value = "linkerd-external-")]
+    #[arg(global = true, long, default_value = "linkerd-external-")]
     pub slice_prefix: String,
 
     /// Full resync of every Service while leading (a safety net, not the recovery path).
@@ -112,6 +126,66 @@ pub struct Args {
     /// Log filter, in tracing-subscriber's EnvFilter syntax (`info`, `cluster=debug,info`).
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// A tool to run instead of the controller; without one, the controller runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The operator's tools; they read the cluster and write nothing.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Checks the API server, the ExternalWorkload CRD, the controller's rights and the Lease;
+    /// one line per check, exit code 1 when any fails.
+    Check(CheckArgs),
+    /// Shows what the controller would write now, per Service, without writing; exit code 0
+    /// when nothing would change, 1 when something would, 2 on error (as `kubectl diff`).
+    Diff(DiffArgs),
+}
+
+/// Flags of `diff` (the planner's flags and --watch-namespace are the controller's own).
+#[derive(Clone, Debug, clap::Args)]
+pub struct DiffArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = DiffOutput::Text)]
+    pub output: DiffOutput,
+}
+
+/// How `diff` prints the planned writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffOutput {
+    /// Per Service a summary line, then one line per write.
+    Text,
+    /// One line per Service.
+    Summary,
+    /// One JSON document.
+    Json,
+}
+
+/// Flags of `check` (the kubeconfig, Lease and election flags are the controller's own).
+#[derive(Clone, Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Check the rights of this user instead of the kubeconfig's, by impersonation (for the
+    /// controller's ServiceAccount: system:serviceaccount:NAMESPACE:NAME).
+    #[arg(long = "as")]
+    pub as_user: Option<String>,
+
+    /// Group to impersonate along with --as; repeatable.
+    #[arg(long = "as-group", requires = "as_user")]
+    pub as_groups: Vec<String>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// How a tool prints its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// One line per item.
+    Text,
+    /// One JSON document.
+    Json,
 }
 
 /// How log lines are written.
@@ -145,7 +219,10 @@ impl Args {
     /// Parses the process arguments; exits with code 2 and a one-line message on invalid input.
     pub fn parse_and_validate() -> Settings {
         let args = Args::parse();
-        let hostname = std::env::var("HOSTNAME").ok();
+        // The tools need no holder identity; the Lease flags are still checked.
+        let hostname = std::env::var("HOSTNAME")
+            .ok()
+            .or_else(|| args.command.as_ref().map(|_| TOOL_IDENTITY.to_string()));
         match args.validate(hostname) {
             Ok(settings) => settings,
             Err(message) => {
@@ -281,6 +358,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("{e} (expected a duration such as 15s, 500ms or 10m)"))
 }
+
+/// Identity used by the tools when none is set: they never hold the Lease.
+const TOOL_IDENTITY: &str = "external-endpoints-tool";
 
 /// Most workers accepted: more would only queue on the API server's connection limit.
 const MAX_WORKERS: u16 = 256;

@@ -3,7 +3,9 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod check;
 pub mod cli;
+pub mod diff;
 pub mod logging;
 pub mod process;
 
@@ -17,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admin::{Admin, Health},
-    cli::Settings,
+    cli::{CheckArgs, DiffArgs, DiffOutput, Output, Settings},
     process::ProcessCollector,
 };
 
@@ -26,7 +28,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let args = &settings.args;
     logging::init(args.log_format, &args.log_level)?;
     let config = controller_config(&settings);
-    let client = client(&settings).await?;
+    let client = client(&settings, None).await?;
 
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessCollector));
@@ -77,7 +79,41 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
     }
 }
 
-async fn client(settings: &Settings) -> anyhow::Result<kube::Client> {
+/// `external-endpoints check`: prints every check's outcome; true when all passed.
+pub async fn check(settings: &Settings, check: &CheckArgs) -> anyhow::Result<bool> {
+    let impersonate = check
+        .as_user
+        .clone()
+        .map(|user| (user, check.as_groups.clone()));
+    let client = client(settings, impersonate).await?;
+    let outcomes = check::run(&client, settings).await;
+    match check.output {
+        Output::Text => outcomes.iter().for_each(|o| println!("{}", o.line())),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&outcomes)?),
+    }
+    Ok(outcomes.iter().all(|o| o.ok))
+}
+
+/// `external-endpoints diff`: prints the writes the controller would make now; true when
+/// there are none.
+pub async fn diff(settings: &Settings, diff: &DiffArgs) -> anyhow::Result<bool> {
+    let client = client(settings, None).await?;
+    let diffs = diff::run(&client, settings).await?;
+    match diff.output {
+        DiffOutput::Text => {
+            (diffs.iter().flat_map(diff::ServiceDiff::lines)).for_each(|line| println!("{line}"))
+        }
+        DiffOutput::Summary => diffs.iter().for_each(|d| println!("{}", d.summary())),
+        DiffOutput::Json => println!("{}", serde_json::to_string_pretty(&diffs)?),
+    }
+    Ok(diffs.is_empty())
+}
+
+/// The kubeconfig's client; `impersonate` is a user and groups to act as (`--as`).
+async fn client(
+    settings: &Settings,
+    impersonate: Option<(String, Vec<String>)>,
+) -> anyhow::Result<kube::Client> {
     let args = &settings.args;
     let options = KubeConfigOptions {
         context: args.context.clone(),
@@ -92,6 +128,11 @@ async fn client(settings: &Settings) -> anyhow::Result<kube::Client> {
         None if args.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
         None => kube::Config::infer().await?,
     };
+    let mut config = config;
+    if let Some((user, groups)) = impersonate {
+        config.auth_info.impersonate = Some(user);
+        config.auth_info.impersonate_groups = (!groups.is_empty()).then_some(groups);
+    }
     Ok(kube::Client::try_from(config)?)
 }
 

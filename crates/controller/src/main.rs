@@ -1,6 +1,10 @@
 //! `external-endpoints`: publishes EndpointSlices for Services that select ExternalWorkloads.
 
-use external_endpoints::{cli::Args, run};
+use external_endpoints::{
+    check,
+    cli::{Args, Command},
+    diff, run,
+};
 
 fn main() -> std::process::ExitCode {
     let settings = Args::parse_and_validate();
@@ -14,8 +18,21 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(settings)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    let result = match settings.args.command.clone() {
+        None => runtime.block_on(run(settings)).map(|()| true),
+        Some(Command::Check(args)) => runtime.block_on(check(&settings, &args)),
+        Some(Command::Diff(args)) => match runtime.block_on(diff(&settings, &args)) {
+            // As `kubectl diff`: 1 means "there are changes", so an error is 2.
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                return std::process::ExitCode::from(2);
+            }
+            result => result,
+        },
+    };
+    match result {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
         Err(error) => {
             eprintln!("error: {error:#}");
             std::process::ExitCode::FAILURE

@@ -55,10 +55,14 @@ fn kustomization_resources() -> Vec<String> {
         .collect()
 }
 
-/// Every YAML file under `deploy/` except the kustomization, relative to it.
+/// Every YAML file under `deploy/` except the kustomization and `monitoring/` (opt-in: it needs
+/// the Prometheus Operator's CRD), relative to it.
 fn yaml_files(dir: &Path, base: &Path, found: &mut BTreeSet<String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
+        if path == base.join("monitoring") {
+            continue;
+        }
         if path.is_dir() {
             yaml_files(&path, base, found);
         } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml")

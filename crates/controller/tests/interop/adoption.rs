@@ -369,6 +369,32 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     let before = slices_by_name(&cluster).await;
     assert_eq!(before.len(), 14, "Linkerd's slices: {:?}", before.keys());
 
+    // `external-endpoints diff` with Linkerd's managed-by value (the default) shows exactly the
+    // writes the take-over below makes: one per differing Service, naming what differs.
+    let diff = diff(testbed, &cluster.namespace).await;
+    let expected: BTreeMap<String, (Vec<String>, Vec<usize>)> = [
+        ("numeric", vec!["ports"]),
+        ("draining", vec!["endpoints"]),
+        ("published", vec!["endpoints"]),
+        ("relabelled", vec!["metadata.labels"]),
+        ("zoned", vec!["endpoints"]),
+        ("rezoned", vec!["endpoints"]),
+    ]
+    .into_iter()
+    .map(|(service, fields)| {
+        let fields = fields.into_iter().map(String::from).collect();
+        (
+            format!("{}/{service}", cluster.namespace),
+            (fields, vec![0, 1, 0]),
+        )
+    })
+    .chain([(
+        format!("{}/unselected", cluster.namespace),
+        (Vec::new(), vec![0, 0, 1]),
+    )])
+    .collect();
+    assert_eq!(diff, expected, "diff before the take-over");
+
     let ours = Ours::start(testbed, &cluster.namespace, "ours-adopt", SHORT, false).await;
     ours.replica.wait_leading(CONVERGE).await;
     cluster.wait_converged().await;
@@ -527,4 +553,36 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(now.ports, was.ports);
 
     release_held(&cluster).await;
+}
+
+/// `external-endpoints diff --output json` for `namespace`: per Service, the fields its one
+/// update changes, and its numbers of creates, updates and deletes. Asserts exit code 1.
+async fn diff(
+    testbed: &testbed::Testbed,
+    namespace: &str,
+) -> BTreeMap<String, (Vec<String>, Vec<usize>)> {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_external-endpoints"));
+    command
+        .arg("diff")
+        .arg("--kubeconfig")
+        .arg(testbed.kubeconfig_path())
+        .args(["--watch-namespace", namespace, "--output", "json"]);
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "diff: {stderr}");
+    let diffs: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    diffs
+        .into_iter()
+        .map(|d| {
+            let count = |key: &str| d[key].as_array().unwrap().len();
+            let fields = (d["updates"].as_array().unwrap().iter())
+                .flat_map(|u| u["fields"].as_array().unwrap().clone())
+                .map(|f| f.as_str().unwrap().to_string())
+                .collect();
+            let counts = vec![count("creates"), count("updates"), count("deletes")];
+            (d["service"].as_str().unwrap().to_string(), (fields, counts))
+        })
+        .collect()
 }
