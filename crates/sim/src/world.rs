@@ -913,11 +913,13 @@ fn admit(
         }
     }
     if fence && checks.holder_seen(SERVER_FENCE_LAG).as_deref() != Some(request.caller.as_str()) {
-        return Err(kube::core::Status::failure(
-            "simulated ValidatingAdmissionPolicy: only the Lease holder may write EndpointSlices",
-            "Forbidden",
-        )
-        .with_code(403));
+        // Worded as deploy/fencing.yaml words it, so the controller tells it from RBAC.
+        let message = format!(
+            "'{}' {} {LEASE_NAMESPACE}/{LEASE_NAME}",
+            request.caller,
+            leadership::FENCING_POLICY_DENIAL
+        );
+        return Err(kube::core::Status::failure(&message, "Forbidden").with_code(403));
     }
     Ok(())
 }
