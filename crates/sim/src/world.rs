@@ -198,12 +198,7 @@ impl World {
             slice_writes: self.checks.slice_writes().1,
             simulated,
             schedule,
-            requests: self
-                .server
-                .log()
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
+            requests: self.server.log().iter().map(ToString::to_string).collect(),
         }
     }
 

@@ -65,4 +65,3 @@ fn without_the_wait_after_a_deleted_lease() {
 fn without_a_fresh_tracker_per_term() {
     finds_a_violation_without(Safeguard::FreshTracker);
 }
-

@@ -86,7 +86,10 @@ fn all_seeds_pass(name: &str, setup: Setup, seeds: std::ops::RangeInclusive<u64>
         }
         failed.insert(report.seed, check);
     }
-    let fixed: Vec<&u64> = listed.keys().filter(|seed| !failed.contains_key(seed)).collect();
+    let fixed: Vec<&u64> = listed
+        .keys()
+        .filter(|seed| !failed.contains_key(seed))
+        .collect();
     assert_eq!(result.seeds, count);
     assert!(
         unexplained.is_empty(),
