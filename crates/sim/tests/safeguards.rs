@@ -6,8 +6,8 @@
 //! Two protections have no test here, because no check breaks without them: the drain before
 //! release and version-fenced deletes guard against writes of an ended term landing late, and a
 //! write held in flight across a change of holder is classified as a documented limitation
-//! ([`sim::Known::InFlightAcrossChange`]) that only the API server's fence closes; 3,000
-//! seeds without either found no other violation (docs/benchmarks.md).
+//! ([`sim::Known::InFlightAcrossChange`]) that only the API server's fence closes; 400 seeds
+//! without either found no other violation (docs/benchmarks.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use sim::{
