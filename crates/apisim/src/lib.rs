@@ -218,18 +218,21 @@ impl ApiServer {
     where
         K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
     {
-        let (group, plural) = (K::group(&()).to_string(), K::plural(&()).to_string());
-        let store = self.inner.store.lock();
-        store
-            .objects
-            .iter()
-            .filter(|(key, _)| key.0 == group && key.1 == plural)
-            .filter_map(|(_, value)| serde_json::from_value(value.clone()).ok())
-            .collect()
+        self.find::<K>(|_, _| true)
     }
 
     /// The object `namespace/name` of kind `K`, if it exists.
     pub fn get<K>(&self, namespace: &str, name: &str) -> Option<K>
+    where
+        K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        self.find::<K>(|ns, object| ns == namespace && object == name)
+            .into_iter()
+            .next()
+    }
+
+    /// The current objects of kind `K` whose namespace and name `wanted` accepts, in order.
+    fn find<K>(&self, wanted: impl Fn(&str, &str) -> bool) -> Vec<K>
     where
         K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
     {
@@ -238,10 +241,9 @@ impl ApiServer {
         store
             .objects
             .iter()
-            .find(|(key, _)| {
-                key.0 == group && key.1 == plural && key.2 == namespace && key.3 == name
-            })
-            .and_then(|(_, value)| serde_json::from_value(value.clone()).ok())
+            .filter(|(key, _)| key.0 == group && key.1 == plural && wanted(&key.2, &key.3))
+            .filter_map(|(_, value)| serde_json::from_value(value.clone()).ok())
+            .collect()
     }
 
     /// Calls `observer` for every applied write, after it is stored and before it is answered.

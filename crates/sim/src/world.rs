@@ -341,37 +341,30 @@ impl World {
                 lag,
                 lasting,
             } => {
-                let index = self.target(target);
-                self.replicas[index].link.lag(lag);
-                self.after(lasting, Later::NoLag(index));
+                let lagging = move |link: &Link| link.lag(lag);
+                self.link_fault(target, lasting, lagging, Later::NoLag);
             }
             Fault::Cut { target, lasting } => {
-                let index = self.target(target);
-                self.replicas[index].link.cut();
-                self.after(lasting, Later::Uncut(index));
+                self.link_fault(target, lasting, Link::cut, Later::Uncut);
             }
             Fault::Pause { target, lasting } => {
-                let index = self.target(target);
-                self.replicas[index].link.pause();
-                self.after(lasting, Later::Unpause(index));
+                self.link_fault(target, lasting, Link::pause, Later::Unpause);
             }
             Fault::Errors {
                 target,
                 percent,
                 lasting,
             } => {
-                let index = self.target(target);
-                self.replicas[index].link.errors(percent);
-                self.after(lasting, Later::NoErrors(index));
+                let errors = move |link: &Link| link.errors(percent);
+                self.link_fault(target, lasting, errors, Later::NoErrors);
             }
             Fault::Slow {
                 target,
                 delay,
                 lasting,
             } => {
-                let index = self.target(target);
-                self.replicas[index].link.slow(delay);
-                self.after(lasting, Later::NotSlow(index));
+                let slow = move |link: &Link| link.slow(delay);
+                self.link_fault(target, lasting, slow, Later::NotSlow);
             }
             Fault::Crash {
                 target,
@@ -423,6 +416,19 @@ impl World {
                 }
             }
         }
+    }
+
+    /// Puts a fault on the link of the replica `target` names, and its end `lasting` later.
+    fn link_fault(
+        &mut self,
+        target: Target,
+        lasting: Duration,
+        fault: impl FnOnce(&Link),
+        end: fn(usize) -> Later,
+    ) {
+        let index = self.target(target);
+        fault(&self.replicas[index].link);
+        self.after(lasting, end(index));
     }
 
     fn crash(&mut self, index: usize, restart_after: Duration) {
