@@ -45,3 +45,11 @@ fn a_follower_with_a_stale_view_waits_renew_deadline_after_it_sees_the_lease_del
     // the holder's last renewal, and re-created the Lease while the holder still acted.
     passes_with_one_leader_at_a_time(724);
 }
+
+#[test]
+fn a_replica_whose_term_ended_does_not_recreate_a_deleted_lease_that_last_named_it() {
+    // Seed 779: a leader cut off until its term ended came back, found the Lease deleted, and
+    // re-created it at once because the last record it had seen named itself, while another
+    // replica had taken the Lease in between.
+    passes_with_one_leader_at_a_time(779);
+}

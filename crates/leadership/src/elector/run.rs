@@ -415,21 +415,24 @@ impl<S: LeaseStore> Candidate<S> {
     /// that term at once: the holder may not know yet (its watch may lag or be reconnecting)
     /// and keeps acting until RenewDeadline after its last successful renewal, which came
     /// before the deletion. So a candidate that sees the lease gone waits RenewDeadline from
-    /// then before re-creating it, unless the record it last saw named itself. The holder
+    /// then before re-creating it, unless it leads and the record it last saw named it. The holder
     /// itself, told by its watch or its next poll, steps down and may re-create the lease at
     /// once. A release (holder cleared, written by the holder) is still taken at once.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
         match (&lease, &self.observed) {
             (None, Some(previous))
-                if record::holder(&previous.lease) != Some(self.config.identity())
-                    && self.config.waits_after_a_deleted_lease() =>
+                if self.config.waits_after_a_deleted_lease()
+                    && (self.term.is_none()
+                        || record::holder(&previous.lease) != Some(self.config.identity())) =>
             {
                 // Someone may hold it whom we did not see (our reads failing, our watch
                 // stalled: the record we last saw may be old, released or look expired), and a
                 // holder may have renewed after we last looked: only the deletion bounds its
                 // last renewal, so its claim runs RenewDeadline from now, when we learn of the
                 // deletion. (Counting from our last sight of the record let a follower with a
-                // stale view lead beside the holder; found by the simulation, seed 724.)
+                // stale view lead beside the holder; found by the simulation, seed 724. A
+                // record naming us is no exception once our term has ended: someone may have
+                // taken the Lease since; seed 779.)
                 self.vanished_until = Some(now + self.config.timings().renew_deadline());
             }
             (Some(_), _) => self.vanished_until = None,
