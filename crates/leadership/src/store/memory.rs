@@ -118,7 +118,7 @@ impl MemoryLeaseStore {
         self.faults.blind.store(blind, Ordering::SeqCst);
     }
 
-    /// Freezes every [`changes`](LeaseStore::changes) stream of this connection opened so far: it
+    /// Freezes every `changes` stream of this connection opened so far: it
     /// stays open but never yields again (a connection a proxy stopped passing bytes on, without
     /// closing it). Streams opened afterwards work.
     pub fn freeze_watches(&self) {
