@@ -198,14 +198,9 @@ impl Checks {
         self.state.lock().leaderships[replica] = None;
     }
 
-    /// Replica `replica` is sending a slice write while in `term`.
-    pub fn sending(
-        &self,
-        replica: usize,
-        term: Option<u64>,
-        guarded: Option<(String, String)>,
-    ) -> Sent {
-        let _ = replica;
+    /// A slice write is being sent by a replica in `term`; `guarded` names the slice of an
+    /// update or delete.
+    pub fn sending(&self, term: Option<u64>, guarded: Option<(String, String)>) -> Sent {
         let state = self.state.lock();
         Sent {
             term,

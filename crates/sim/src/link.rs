@@ -276,7 +276,7 @@ where
         // holds it afterwards, as a request on the wire.
         let kind = Kind::of(&request);
         let sent = (kind == Kind::SliceWrite)
-            .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
+            .then(|| checks.sending(link.term(), guarded_slice(&request)));
         Box::pin(async move {
             link.unpaused().await;
             if link.state.lock().cut {
