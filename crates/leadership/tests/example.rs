@@ -397,7 +397,9 @@ async fn reacquired_leader_labels_what_changed_while_it_followed() {
         return;
     };
     world.wait_labelled("new", "red", &[&a, &b]).await;
+    // The label can be read back before a's line about it is: wait for the line.
     let wrote = format!("wrote {}/new ", world.namespace);
+    a.wait_for(1, &wrote, &[&b]).await;
     assert_eq!(a.count(&wrote), 1, "{}", transcript(&[&a, &b]));
     println!("{}", transcript(&[&a, &b]));
 }

@@ -144,6 +144,16 @@ struct State {
     created_lease_at: Vec<Option<Instant>>,
     /// Whether each replica has a watch stream open that a fault made silent.
     stalled: Vec<bool>,
+    /// The tenure each replica last ended by releasing the Lease itself (a graceful stop).
+    released: Vec<Option<u64>>,
+    /// The slice write of each replica on its way into the API, if any.
+    landing: Vec<Option<Sent>>,
+}
+
+/// Why a write landing now is from an ended tenure, and the limitation it falls under, if any.
+struct Late {
+    problem: String,
+    known: Option<Known>,
 }
 
 // === impl Checks ===
@@ -175,6 +185,8 @@ impl Checks {
                 started_at: vec![now; count],
                 created_lease_at: vec![None; count],
                 stalled: vec![false; count],
+                released: vec![None; count],
+                landing: vec![None; count],
             }),
             judge,
             started: now,
@@ -214,40 +226,27 @@ impl Checks {
         }
     }
 
-    /// The API applied a slice write of replica `replica` sent as `sent`: check (a).
-    pub fn slice_written(&self, replica: usize, sent: Sent) {
+    /// A slice write of replica `replica` sent as `sent` is about to reach the API: the write
+    /// that check (c) judges if the API applies it now.
+    pub fn landing(&self, replica: usize, sent: &Sent) {
+        self.state.lock().landing[replica] = Some(sent.clone());
+    }
+
+    /// The API answered a slice write of replica `replica` sent as `sent`; if it applied it
+    /// (`applied`), check (a).
+    pub fn slice_answered(&self, replica: usize, sent: Sent, applied: bool) {
         let mut state = self.state.lock();
-        let identity = state.identities[replica].clone();
-        let problem = if state
-            .holder
-            .as_ref()
-            .is_some_and(|holder| *holder != identity)
-        {
-            Some(format!(
-                "the Lease names {:?} when the write lands",
-                state.holder
-            ))
-        } else if state.tenure != sent.tenure {
-            Some("the Lease changed hands between sending and landing".to_string())
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
+        state.landing[replica] = None;
+        if !applied {
+            return;
+        }
+        if let Some(late) = state.late(replica, &sent) {
+            let identity = &state.identities[replica];
             let detail = format!(
-                "slice write of {identity} (term {:?}) landed: {problem}",
-                sent.term
+                "slice write of {identity} (term {:?}) landed: {}",
+                sent.term, late.problem
             );
-            // Documented limitations (see `Known`): only the API server's fence can refuse these.
-            let valid = sent.term.is_some();
-            let known = if valid && (sent.forced != state.forced || sent.forced_recently) {
-                Some(Known::ForcedLeaseChange)
-            } else if valid && Instant::now() > sent.at && !state.rewritten_since(&sent, &identity)
-            {
-                Some(Known::InFlightAcrossChange)
-            } else {
-                None
-            };
-            self.record(&mut state, Check::EndedTermWrote, detail, known);
+            self.record(&mut state, Check::EndedTermWrote, detail, late.known);
         }
     }
 
@@ -338,6 +337,17 @@ impl Checks {
                 }
                 if holder != state.holder {
                     state.holders.push((Instant::now(), holder.clone()));
+                }
+                // A holder that clears its own name has released the Lease: its drain has
+                // finished (or given up) every write of that tenure.
+                if holder.is_none()
+                    && state.holder.as_ref() == Some(&applied.caller)
+                    && let Some(replica) = state
+                        .identities
+                        .iter()
+                        .position(|name| *name == applied.caller)
+                {
+                    state.released[replica] = Some(state.tenure);
                 }
                 state.holder = holder;
             }
@@ -542,12 +552,18 @@ impl Checks {
                 "workload {} ({now}; selector {selector:?}) came back into the slices of {namespace}/{service} (written by {writer}) after its removal was published by {published}",
                 entry.2
             );
-            let stalled = state
+            let replica = state
                 .identities
                 .iter()
-                .position(|name| writer.split(' ').next() == Some(name.as_str()))
-                .is_some_and(|replica| state.stalled[replica]);
-            let known = stalled.then_some(Known::StalledWatchWithinBound);
+                .position(|name| writer.split(' ').next() == Some(name.as_str()));
+            // A write from an ended tenure brings back what it brings back for the reason check
+            // (a) gives it; a stalled watch within its bound is a limitation of its own.
+            let late = replica.and_then(|replica| {
+                let sent = state.landing[replica].as_ref()?;
+                state.late(replica, sent)?.known
+            });
+            let stalled = replica.is_some_and(|replica| state.stalled[replica]);
+            let known = late.or(stalled.then_some(Known::StalledWatchWithinBound));
             self.record(state, Check::RemovedCameBack, detail, known);
         }
     }
@@ -556,6 +572,41 @@ impl Checks {
 // === impl State ===
 
 impl State {
+    /// Whether a write of `replica` sent as `sent` landing now is from an ended tenure (check
+    /// (a)), and if so whether it falls under a documented limitation: only the API server's
+    /// fence can refuse those. A write of a tenure its writer ended by releasing the Lease is no
+    /// limitation: the drain before the release must have finished it.
+    fn late(&self, replica: usize, sent: &Sent) -> Option<Late> {
+        let identity = &self.identities[replica];
+        let problem = if self.holder.as_ref().is_some_and(|holder| holder != identity) {
+            format!("the Lease names {:?} when the write lands", self.holder)
+        } else if self.tenure != sent.tenure {
+            "the Lease changed hands between sending and landing".to_string()
+        } else {
+            return None;
+        };
+        let valid = sent.term.is_some();
+        let released = self.released[replica] == Some(sent.tenure);
+        let forced = sent.forced != self.forced || sent.forced_recently;
+        let known = if valid && forced {
+            Some(Known::ForcedLeaseChange)
+        } else if valid
+            && !released
+            && Instant::now() > sent.at
+            && !self.rewritten_since(sent, identity)
+        {
+            Some(Known::InFlightAcrossChange)
+        } else {
+            None
+        };
+        let problem = if released {
+            format!("{problem}, after its writer released the Lease")
+        } else {
+            problem
+        };
+        Some(Late { problem, known })
+    }
+
     /// Whether someone other than `writer` wrote the slice a guarded write names after it was
     /// sent: its version precondition should then have refused it.
     fn rewritten_since(&self, sent: &Sent, writer: &str) -> bool {

@@ -41,7 +41,27 @@ pub struct Link {
     replica: usize,
     state: Mutex<LinkState>,
     changed: watch::Sender<u64>,
-    crashes: mpsc::UnboundedSender<usize>,
+    exits: mpsc::UnboundedSender<(usize, AtWrite)>,
+}
+
+/// What a fault armed on the link's next slice write did, for the world to follow up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtWrite {
+    /// The write was applied and the process is to be killed now.
+    Crash,
+    /// The write is on the wire (held) and the process is to be asked to stop.
+    Stop,
+    /// The link is paused with the write on the wire; the world ends the pause.
+    Pause,
+}
+
+/// A fault waiting for the link's next slice write.
+#[derive(Clone, Copy, Debug)]
+enum Armed {
+    /// Hold the write this long, and have the process asked to stop as it goes out.
+    Stop(Duration),
+    /// Pause the link as the write goes out (the write waits with everything else).
+    Pause,
 }
 
 #[derive(Default)]
@@ -57,6 +77,10 @@ struct LinkState {
     ended_below: u64,
     next_stream: u64,
     crash_after_write: bool,
+    /// A fault waiting for the next slice write.
+    armed: Option<Armed>,
+    /// Writes handed to the link that the API has neither applied nor refused yet.
+    writes_in_flight: usize,
     leadership: Option<Leadership>,
     rng: Option<Rng>,
     /// Watch streams still open (not dropped by the replica).
@@ -75,9 +99,13 @@ enum Kind {
 // === impl Link ===
 
 impl Link {
-    /// The link of replica `replica`; `crashes` receives the replica's number when a
-    /// crash-after-write fault fires.
-    pub fn new(replica: usize, rng: Rng, crashes: mpsc::UnboundedSender<usize>) -> Arc<Self> {
+    /// The link of replica `replica`; `exits` receives the replica's number when a fault armed
+    /// on a write ends its process.
+    pub fn new(
+        replica: usize,
+        rng: Rng,
+        exits: mpsc::UnboundedSender<(usize, AtWrite)>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             replica,
             state: Mutex::new(LinkState {
@@ -85,7 +113,7 @@ impl Link {
                 ..LinkState::default()
             }),
             changed: watch::channel(0).0,
-            crashes,
+            exits,
         })
     }
 
@@ -116,7 +144,9 @@ impl Link {
         self.update(|state| state.error_percent = percent);
     }
 
-    /// Answers arrive `delay` late.
+    /// Answers arrive `delay` late, and each request reaches the API server up to `delay` late
+    /// (a random share of it: requests overtake one another, as on separate connections or in
+    /// the server's own handlers).
     pub fn slow(&self, delay: Duration) {
         self.update(|state| state.slow = delay);
     }
@@ -141,6 +171,18 @@ impl Link {
         self.update(|state| state.crash_after_write = true);
     }
 
+    /// The replica's next slice write is held on the wire for `hold`, and the replica is asked
+    /// to stop (SIGTERM) as it is sent: a graceful stop with a write in flight.
+    pub fn stop_during_next_write(&self, hold: Duration) {
+        self.update(|state| state.armed = Some(Armed::Stop(hold)));
+    }
+
+    /// The link pauses as the replica's next slice write goes out, so that write is held on the
+    /// wire with everything else until the world ends the pause.
+    pub fn pause_at_next_write(&self) {
+        self.update(|state| state.armed = Some(Armed::Pause));
+    }
+
     /// The cut ends.
     pub fn uncut(&self) {
         self.update(|state| state.cut = false);
@@ -160,7 +202,13 @@ impl Link {
             state.slow = Duration::ZERO;
             state.lag = Duration::ZERO;
             state.crash_after_write = false;
+            state.armed = None;
         });
+    }
+
+    /// Writes handed to the link that the API has not answered yet (held, delayed).
+    pub fn writes_in_flight(&self) -> usize {
+        self.state.lock().writes_in_flight
     }
 
     /// Whether any fault is in force.
@@ -202,6 +250,16 @@ impl Link {
         let mut state = self.state.lock();
         let percent = state.error_percent;
         percent > 0 && state.rng.as_mut().is_some_and(|rng| rng.chance(percent))
+    }
+
+    /// How late the next request reaches the API server.
+    fn roll_delay(&self) -> Duration {
+        let mut state = self.state.lock();
+        let slow = u64::try_from(state.slow.as_millis()).unwrap_or(u64::MAX);
+        match state.rng.as_mut() {
+            Some(rng) if slow > 0 => Duration::from_millis(rng.below(slow + 1)),
+            _ => Duration::ZERO,
+        }
     }
 
     fn open_stream(&self) -> u64 {
@@ -277,7 +335,23 @@ where
         let kind = Kind::of(&request);
         let sent = (kind == Kind::SliceWrite)
             .then(|| checks.sending(link.term(), guarded_slice(&request)));
-        Box::pin(async move {
+        let write = request.method() != Method::GET;
+        let exchange = async move {
+            let on_the_wire = write.then(|| InFlight::new(&link));
+            let armed = (kind == Kind::SliceWrite)
+                .then(|| link.state.lock().armed.take())
+                .flatten();
+            match armed {
+                Some(Armed::Stop(hold)) => {
+                    let _ = link.exits.send((link.replica, AtWrite::Stop));
+                    tokio::time::sleep(hold).await;
+                }
+                Some(Armed::Pause) => {
+                    link.pause();
+                    let _ = link.exits.send((link.replica, AtWrite::Pause));
+                }
+                None => {}
+            }
             link.unpaused().await;
             if link.state.lock().cut {
                 return Err("connection refused (simulated network cut)".into());
@@ -285,14 +359,26 @@ where
             if link.roll_error() {
                 return Ok(unavailable());
             }
-            let response = inner.oneshot(request).await.map_err(Into::into)?;
-            if let Some(sent) = sent
-                && response.status().is_success()
-            {
-                checks.slice_written(link.replica, sent);
+            let late = link.roll_delay();
+            if !late.is_zero() {
+                tokio::time::sleep(late).await;
+            }
+            if let Some(sent) = &sent {
+                checks.landing(link.replica, sent);
+            }
+            let response = inner.oneshot(request).await.map_err(Into::<BoxError>::into);
+            drop(on_the_wire);
+            let applied = response
+                .as_ref()
+                .is_ok_and(|response| response.status().is_success());
+            if let Some(sent) = sent {
+                checks.slice_answered(link.replica, sent, applied);
+            }
+            let response = response?;
+            if applied && kind == Kind::SliceWrite {
                 let crash = std::mem::take(&mut link.state.lock().crash_after_write);
                 if crash {
-                    let _ = link.crashes.send(link.replica);
+                    let _ = link.exits.send((link.replica, AtWrite::Crash));
                     // The process is gone: nobody reads this answer.
                     return std::future::pending().await;
                 }
@@ -303,7 +389,36 @@ where
             }
             let stream = (kind == Kind::Watch).then(|| link.open_stream());
             Ok(response.map(|body| FaultBody::new(body, link, stream)))
+        };
+        if !write {
+            return Box::pin(exchange);
+        }
+        // A write on the wire is delivered even if its sender stops waiting (a worker aborted,
+        // a process stopped): only the answer is lost.
+        let delivery = tokio::spawn(exchange);
+        Box::pin(async move {
+            delivery
+                .await
+                .map_err(|error| BoxError::from(format!("simulated delivery failed: {error}")))?
         })
+    }
+}
+
+/// A write on the wire: counted from when the link takes it until the API answers it.
+struct InFlight(Arc<Link>);
+
+// === impl InFlight ===
+
+impl InFlight {
+    fn new(link: &Arc<Link>) -> Self {
+        link.state.lock().writes_in_flight += 1;
+        Self(link.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.state.lock().writes_in_flight -= 1;
     }
 }
 

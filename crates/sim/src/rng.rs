@@ -49,6 +49,12 @@ impl Rng {
         Duration::from_millis(low + self.below(high.saturating_sub(low) + 1))
     }
 
+    /// An independent generator for stream `stream`, derived from this one's state without
+    /// advancing it (what this generator draws next stays the same).
+    pub fn derive(&self, stream: u64) -> Rng {
+        Rng(self.0 ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03))
+    }
+
     /// An independent generator derived from this one.
     pub fn fork(&mut self) -> Rng {
         Rng(self.next_u64())

@@ -29,6 +29,11 @@ pub struct Options {
     pub changes: usize,
     /// Workloads created before the replicas start, per namespace.
     pub initial_workloads: usize,
+    /// Faults that strike with a slice write in flight, on top of `faults`: a graceful stop of
+    /// the leader ([`Fault::StopDuringNextWrite`]) or a pause of its link long enough for the
+    /// Lease to change hands ([`Fault::PauseDuringNextWrite`]). Drawn from a stream of their
+    /// own, so the rest of a seed's schedule is the same whatever their number.
+    pub during_write: usize,
 }
 
 /// When a step happens, and what it is.
@@ -155,7 +160,8 @@ pub enum Fault {
         percent: u64,
         lasting: Duration,
     },
-    /// Every answer reaches the replica `delay` late.
+    /// Each request reaches the API server up to `delay` late (its own share, so requests
+    /// overtake one another), and every answer reaches the replica `delay` late.
     Slow {
         target: Target,
         delay: Duration,
@@ -174,6 +180,15 @@ pub enum Fault {
     /// The leader is killed right after its next slice write is applied (between two writes of
     /// one reconcile, when it has several).
     CrashAfterNextWrite { restart_after: Duration },
+    /// The leader is asked to stop (SIGTERM) just as its next slice write goes out, and that
+    /// write is held on the wire for `hold`: a graceful stop with a write in flight.
+    StopDuringNextWrite {
+        hold: Duration,
+        restart_after: Duration,
+    },
+    /// The leader's link pauses just as its next slice write goes out, for `lasting`: the write
+    /// stays on the wire while the Lease may change hands, then lands.
+    PauseDuringNextWrite { lasting: Duration },
     /// The API server compacts its history and the replica's watches reconnect: they are
     /// answered 410 Gone and must list again.
     Expire { target: Target },
@@ -206,6 +221,7 @@ impl Default for Options {
             faults: 24,
             changes: 80,
             initial_workloads: 6,
+            during_write: 3,
         }
     }
 }
@@ -224,6 +240,7 @@ pub struct Schedule {
 impl Schedule {
     /// The schedule of `seed`.
     pub fn generate(rng: &mut Rng, options: &Options) -> Self {
+        let mut own = rng.derive(1);
         let mut names = Names::default();
         let initial = (0..NAMESPACES.len())
             .flat_map(|namespace| (0..options.initial_workloads).map(move |_| namespace))
@@ -244,6 +261,23 @@ impl Schedule {
             steps.push(Timed {
                 at,
                 step: Step::Fault(fault(rng)),
+            });
+        }
+        for _ in 0..options.during_write {
+            let at = Duration::from_millis(3_000 + own.below(span.saturating_sub(3_000)));
+            let fault = if own.chance(50) {
+                Fault::StopDuringNextWrite {
+                    hold: own.millis(200, 3_000),
+                    restart_after: own.millis(0, 10_000),
+                }
+            } else {
+                Fault::PauseDuringNextWrite {
+                    lasting: own.millis(1_000, 30_000),
+                }
+            };
+            steps.push(Timed {
+                at,
+                step: Step::Fault(fault),
             });
         }
         steps.sort_by_key(|timed| timed.at);
@@ -428,8 +462,11 @@ mod tests {
             .iter()
             .filter(|timed| matches!(timed.step, Step::Fault(_)))
             .count();
-        assert_eq!(faults, options.faults);
-        assert_eq!(one.steps.len(), options.faults + options.changes);
+        assert_eq!(faults, options.faults + options.during_write);
+        assert_eq!(
+            one.steps.len(),
+            options.faults + options.during_write + options.changes
+        );
         assert!(one.steps.windows(2).all(|pair| pair[0].at <= pair[1].at));
         assert!(one.steps.iter().all(|timed| timed.at < options.duration));
         let other = Schedule::generate(&mut Rng::new(43), &options);

@@ -34,7 +34,7 @@ use tokio::{sync::mpsc, time::Instant};
 use crate::{
     Report, Safeguard, Setup,
     checks::{Check, Checks, Judge},
-    link::Link,
+    link::{AtWrite, Link},
     replica::Replica,
     rng::Rng,
     schedule::{
@@ -66,11 +66,12 @@ pub struct World {
     driver: kube::Client,
     checks: Arc<Checks>,
     replicas: Vec<Replica>,
-    crashes: mpsc::UnboundedReceiver<usize>,
+    exits: mpsc::UnboundedReceiver<(usize, AtWrite)>,
     /// Faults to undo, and replicas to start again, at an instant.
     later: Vec<(Instant, Later)>,
-    /// Restart delays of armed crash-after-write faults, by replica.
-    crash_restarts: BTreeMap<usize, Duration>,
+    /// Faults armed on a replica's next slice write, by replica: the restart delay of a crash or
+    /// stop, or how long a pause lasts.
+    armed: BTreeMap<usize, Duration>,
     conflicts: Arc<Mutex<u32>>,
     started: Instant,
 }
@@ -109,12 +110,12 @@ impl World {
             fence: off != Some(Safeguard::Fence),
         };
         let checks = Arc::new(Checks::new(identities.clone(), judge));
-        let (crash_sender, crashes) = mpsc::unbounded_channel();
+        let (exit_sender, exits) = mpsc::unbounded_channel();
         let replicas = identities
             .into_iter()
             .enumerate()
             .map(|(index, identity)| {
-                let link = Link::new(index, rng.fork(), crash_sender.clone());
+                let link = Link::new(index, rng.fork(), exit_sender.clone());
                 Replica::new(index, identity, link)
             })
             .collect();
@@ -134,9 +135,9 @@ impl World {
             driver,
             checks,
             replicas,
-            crashes,
+            exits,
             later: Vec::new(),
-            crash_restarts: BTreeMap::new(),
+            armed: BTreeMap::new(),
             conflicts,
             started: Instant::now(),
         }
@@ -166,7 +167,7 @@ impl World {
             }
             tokio::select! {
                 biased;
-                Some(replica) = self.crashes.recv() => self.crash_after_write(replica),
+                Some((replica, what)) = self.exits.recv() => self.at_write(replica, what),
                 () = tokio::time::sleep_until(wake) => {}
             }
             let now = Instant::now();
@@ -385,8 +386,21 @@ impl World {
             }
             Fault::CrashAfterNextWrite { restart_after } => {
                 let index = self.target(Target::Leader);
-                self.crash_restarts.insert(index, restart_after);
+                self.armed.insert(index, restart_after);
                 self.replicas[index].link.crash_after_next_write();
+            }
+            Fault::StopDuringNextWrite {
+                hold,
+                restart_after,
+            } => {
+                let index = self.target(Target::Leader);
+                self.armed.insert(index, restart_after);
+                self.replicas[index].link.stop_during_next_write(hold);
+            }
+            Fault::PauseDuringNextWrite { lasting } => {
+                let index = self.target(Target::Leader);
+                self.armed.insert(index, lasting);
+                self.replicas[index].link.pause_at_next_write();
             }
             Fault::Expire { target } => {
                 let index = self.target(target);
@@ -439,9 +453,18 @@ impl World {
         self.after(restart_after, Later::Restart(index));
     }
 
-    fn crash_after_write(&mut self, index: usize) {
-        let restart_after = self.crash_restarts.remove(&index).unwrap_or(Duration::ZERO);
-        self.crash(index, restart_after);
+    fn at_write(&mut self, index: usize, what: AtWrite) {
+        let after = self.armed.remove(&index).unwrap_or(Duration::ZERO);
+        match what {
+            AtWrite::Crash => self.crash(index, after),
+            AtWrite::Pause => self.after(after, Later::Unpause(index)),
+            AtWrite::Stop => {
+                if !self.replicas[index].stopping_or_gone() {
+                    self.replicas[index].stop();
+                    self.after(after, Later::Restart(index));
+                }
+            }
+        }
     }
 
     async fn foreign_delete(&self, pick: u64) {
@@ -555,8 +578,14 @@ impl World {
     /// takes longer than [`CONVERGENCE_BOUND`].
     async fn converge(&self, healed_at: Instant) -> Option<Duration> {
         loop {
+            // Converged: the slices equal the plan, and no write is still on its way to the API
+            // (one held by a fault until the heal may land now, and is not a write at rest).
             let pending = self.unconverged();
-            if pending.is_empty() {
+            let on_the_wire = self
+                .replicas
+                .iter()
+                .any(|replica| replica.link.writes_in_flight() > 0);
+            if pending.is_empty() && !on_the_wire {
                 return Some(Instant::now() - healed_at);
             }
             if Instant::now() - healed_at >= CONVERGENCE_BOUND {
