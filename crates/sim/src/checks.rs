@@ -348,6 +348,9 @@ impl Checks {
                         .position(|name| *name == applied.caller)
                 {
                     state.released[replica] = Some(state.tenure);
+                    // The tenure ends here: the next acquisition starts a new one, even by the
+                    // same replica.
+                    state.last_holder = None;
                 }
                 state.holder = holder;
             }
