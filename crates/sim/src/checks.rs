@@ -47,6 +47,10 @@ pub enum Check {
 /// not a failure of the run. Each is matched by a precise condition, not by its check alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Known {
+    /// (c): a write planned before its Service was deleted landed after the deletion (requests
+    /// overtake one another): its slice names an owner that no longer exists, and the garbage
+    /// collector removes it.
+    OwnerGone,
     /// (b): a replica that started while the Lease was missing created it and led while the
     /// holder of the deleted Lease (paused, cut off) still acted. A missing Lease looks the same
     /// as one never made; the API server's fence refuses the old holder's writes.
@@ -62,7 +66,9 @@ pub enum Known {
     /// of a slice the new holder has rewritten).
     InFlightAcrossChange,
     /// (c): the writing replica had a watch silently stalled (not yet past the stall bound), so
-    /// it planned on a cache up to that bound old.
+    /// it planned on a cache up to that bound old. (b): a replica created the Lease while its
+    /// watches were stalled so, between two of its polls, a record created and deleted again
+    /// (a short tenure of another replica, still acting) never reached it.
     StalledWatchWithinBound,
 }
 
@@ -280,8 +286,20 @@ impl Checks {
                     format!("{} (term {})", state.identities[*replica], term.id())
                 })
                 .collect();
+            // Or one created it while its watches (the Lease's among them) were silently
+            // stalled: a record created and deleted again between two of its polls never
+            // reached it.
+            let blind = acting.iter().any(|(replica, term)| {
+                state.stalled[*replica]
+                    && state.created_lease_at[*replica]
+                        .is_some_and(|created| term.acquired_at() <= created)
+            });
             let detail = format!("acting at once: {}", names.join(", "));
-            let known = known.then_some(Known::MissingLeaseAtStart);
+            let known = if known {
+                Some(Known::MissingLeaseAtStart)
+            } else {
+                blind.then_some(Known::StalledWatchWithinBound)
+            };
             self.record(&mut state, Check::TwoLeaders, detail, known);
         }
     }
@@ -473,6 +491,10 @@ impl Checks {
             .filter_map(service_of)
             .collect();
         let by_replica = state.identities.contains(&applied.caller);
+        let orphan = state
+            .slices
+            .get(&key)
+            .is_some_and(|slice| !state.owner_exists(&key.0, slice));
         let writer = format!(
             "{} at {:.3}s (revision {}, slice {})",
             applied.caller,
@@ -487,6 +509,7 @@ impl Checks {
                 &service,
                 by_replica.then_some(&writer),
                 &writer,
+                orphan,
             );
         }
     }
@@ -499,6 +522,7 @@ impl Checks {
         service: &str,
         replica: Option<&String>,
         writer: &str,
+        orphan: bool,
     ) {
         let present: BTreeSet<String> = state
             .slices
@@ -566,7 +590,11 @@ impl Checks {
                 state.late(replica, sent)?.known
             });
             let stalled = replica.is_some_and(|replica| state.stalled[replica]);
-            let known = late.or(stalled.then_some(Known::StalledWatchWithinBound));
+            let known = if orphan {
+                Some(Known::OwnerGone)
+            } else {
+                late.or(stalled.then_some(Known::StalledWatchWithinBound))
+            };
             self.record(state, Check::RemovedCameBack, detail, known);
         }
     }
@@ -581,7 +609,11 @@ impl State {
     /// limitation: the drain before the release must have finished it.
     fn late(&self, replica: usize, sent: &Sent) -> Option<Late> {
         let identity = &self.identities[replica];
-        let problem = if self.holder.as_ref().is_some_and(|holder| holder != identity) {
+        let problem = if self
+            .holder
+            .as_ref()
+            .is_some_and(|holder| holder != identity)
+        {
             format!("the Lease names {:?} when the write lands", self.holder)
         } else if self.tenure != sent.tenure {
             "the Lease changed hands between sending and landing".to_string()
@@ -621,6 +653,27 @@ impl State {
                 .iter()
                 .any(|(at, caller)| *at >= sent.at && caller != writer)
         })
+    }
+
+    /// Whether the Service a slice names as its owner exists (the same object: name and uid).
+    fn owner_exists(&self, namespace: &str, slice: &EndpointSlice) -> bool {
+        let Some(service) = service_of(slice) else {
+            return true;
+        };
+        let current = self
+            .services
+            .get(&(namespace.to_string(), service))
+            .and_then(|service| service.metadata.uid.clone());
+        slice
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_none_or(|owners| {
+                owners
+                    .iter()
+                    .filter(|owner| owner.kind == "Service")
+                    .all(|owner| Some(&owner.uid) == current.as_ref())
+            })
     }
 
     /// Whether the Service `namespace/service` selects the workload `uid` now.

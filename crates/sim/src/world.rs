@@ -180,6 +180,7 @@ impl World {
                 }
             }
             if now >= next_quiet_check {
+                self.collect_garbage().await;
                 self.quiet_check();
                 next_quiet_check = now + QUIET_POLL;
             }
@@ -892,6 +893,35 @@ impl World {
             edit(spec);
         }
         let _ = api.replace(name, &PostParams::default(), &object).await;
+    }
+
+    /// The garbage collector: deletes managed slices whose owner Service no longer exists (a
+    /// write planned before the Service's deletion can land after it, and the real collector
+    /// removes such a slice too, by its owner reference).
+    async fn collect_garbage(&self) {
+        let services: Vec<String> = self
+            .server
+            .objects::<Service>()
+            .into_iter()
+            .filter_map(|service| service.metadata.uid)
+            .collect();
+        for slice in self.managed_slices() {
+            let orphan = slice
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|owners| {
+                    owners
+                        .iter()
+                        .any(|owner| owner.kind == "Service" && !services.contains(&owner.uid))
+                });
+            if orphan {
+                let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+                let name = slice.metadata.name.clone().unwrap_or_default();
+                let slices: Api<EndpointSlice> = Api::namespaced(self.driver.clone(), &namespace);
+                let _ = slices.delete(&name, &DeleteParams::default()).await;
+            }
+        }
     }
 
     /// Deletes a Service and, as the garbage collector would, the slices it owns.
