@@ -1,9 +1,10 @@
 //! One measured phase: changes at a fixed rate to the workloads of a set of Services, either
-//! through the controller (a workload PATCH; the leader publishes it) or straight to the slices
-//! (the raw baseline: the same change written as one update of the Service's slice, with no
-//! controller running). A separate watch of the managed slices times each change from the
-//! client's receipt of its API answer to the first slice event showing it (an event that came
-//! first counts as 0). A workload has at most one change in flight, so "showing it" is exact.
+//! through the controller (a workload PATCH; the leader publishes it) or by the bench alone (the
+//! raw baseline: the same workload PATCH, then the slice update the controller would make, with
+//! no controller running, so both kinds of phase ask the API server for the same writes). A
+//! separate watch of the managed slices times each change from the client's receipt of the
+//! workload PATCH's answer to the first slice event showing it (an event that came first counts
+//! as 0). A workload has at most one change in flight, so "showing it" is exact.
 
 use std::{
     collections::HashMap,
@@ -35,7 +36,7 @@ use crate::{
 pub enum Mode {
     /// Workload PATCHes; the controller writes the slices.
     Controller,
-    /// Slice updates by the bench itself; no controller runs.
+    /// The workload PATCH, then the slice update, both by the bench; no controller runs.
     Raw,
 }
 
@@ -47,9 +48,11 @@ pub struct PhaseResult {
     pub lost: usize,
     /// Answer → slice event, seconds, sorted.
     pub latencies: Vec<f64>,
-    /// The change's own request → answer (a workload PATCH, or the raw client's slice update),
-    /// seconds, sorted.
+    /// The workload PATCH's request → answer, seconds, sorted.
     pub requests: Vec<f64>,
+    /// The raw client's slice update request → answer, seconds, sorted (empty for the
+    /// controller, whose own updates its `write` stage times).
+    pub updates: Vec<f64>,
     /// Seconds it took to send every change (the rate was kept when close to the phase length).
     pub issued: f64,
     /// CPU over the phase (sending and the wait for the last change).
@@ -73,6 +76,7 @@ struct Tracking {
     in_flight: HashMap<Id, InFlight>,
     latencies: Vec<f64>,
     requests: Vec<f64>,
+    updates: Vec<f64>,
 }
 
 /// Numbers every change's new address and zone: unique across phases, so no change is a no-op.
@@ -196,33 +200,21 @@ pub async fn run(
         let slice = raw_slices[&owner[&id]].clone();
         tasks.push(tokio::spawn(async move {
             let sending = Instant::now();
-            let result = match mode {
-                Mode::Controller => change.send(&client, &id.0, &id.1).await,
-                Mode::Raw => update_slice(&client, &slice, &id.1, &expected).await,
-            };
+            let mut result = change.send(&client, &id.0, &id.1).await;
+            if result.is_ok() {
+                acked(&shared, &id, sending);
+                if mode == Mode::Raw {
+                    let updating = Instant::now();
+                    result = update_slice(&client, &slice, &id.1, &expected).await;
+                    let took = updating.elapsed().as_secs_f64();
+                    shared.lock().updates.push(took);
+                }
+            }
             drop(permit);
-            let now = Instant::now();
-            let mut tracking = shared.lock();
-            match result {
-                Ok(()) => {
-                    tracking.requests.push((now - sending).as_secs_f64());
-                    let done = match tracking.in_flight.get_mut(&id) {
-                        Some(change) => {
-                            change.acked = Some(now);
-                            change.visible.is_some()
-                        }
-                        None => false,
-                    };
-                    if done {
-                        tracking.in_flight.remove(&id);
-                        tracking.latencies.push(0.0);
-                    }
-                }
-                Err(error) => {
-                    eprintln!("{mode:?}: change of {}/{} failed: {error}", id.0, id.1);
-                    tracking.in_flight.remove(&id);
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
+            if let Err(error) = result {
+                eprintln!("{mode:?}: change of {}/{} failed: {error}", id.0, id.1);
+                shared.lock().in_flight.remove(&id);
+                failed.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
@@ -238,16 +230,18 @@ pub async fn run(
     let cpu = processes.cpu().since(&cpu_before);
     let load_after = load_average();
     watch.abort();
-    let (lost, mut latencies, mut requests) = {
+    let (lost, mut latencies, mut requests, mut updates) = {
         let tracking = tracking.lock();
         (
             tracking.in_flight.len(),
             tracking.latencies.clone(),
             tracking.requests.clone(),
+            tracking.updates.clone(),
         )
     };
     latencies.sort_by(f64::total_cmp);
     requests.sort_by(f64::total_cmp);
+    updates.sort_by(f64::total_cmp);
     progress(
         started,
         format!(
@@ -261,6 +255,7 @@ pub async fn run(
         lost,
         latencies,
         requests,
+        updates,
         issued,
         cpu,
         load_before,
@@ -268,7 +263,26 @@ pub async fn run(
     }
 }
 
-/// The raw baseline's write: `workload`'s endpoint in its Service's slice set to `expected`,
+/// The workload PATCH of the change of `id`, sent at `sending`, was answered: the latency of
+/// the change counts from now (or is 0 if a slice event already showed it).
+fn acked(tracking: &Mutex<Tracking>, id: &Id, sending: Instant) {
+    let now = Instant::now();
+    let mut tracking = tracking.lock();
+    tracking.requests.push((now - sending).as_secs_f64());
+    let done = match tracking.in_flight.get_mut(id) {
+        Some(change) => {
+            change.acked = Some(now);
+            change.visible.is_some()
+        }
+        None => false,
+    };
+    if done {
+        tracking.in_flight.remove(id);
+        tracking.latencies.push(0.0);
+    }
+}
+
+/// The raw baseline's slice update: `workload`'s endpoint in its Service's slice set to `expected`,
 /// one update (guarded by the resourceVersion of the bench's last answer; re-read on a
 /// conflict).
 async fn update_slice(
