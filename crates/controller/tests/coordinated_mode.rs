@@ -1,0 +1,616 @@
+//! Coordinated Leader Election (KEP-4355) with real controller processes
+//! (`--coordinated-election`) against a kube-apiserver running the election controller, with
+//! workloads changing: a crashed leader (SIGKILL), a leader that makes way for an older
+//! emulation version, and a rolling upgrade from an older emulation version to a newer one.
+//!
+//! Each test asserts the behaviour (a take-over happens, no change is lost, one writer at a time:
+//! the leader gauges sampled, and every slice write attributed from the API server's audit log to
+//! the replica the Lease named at that revision) and prints its timings, measured from the API
+//! server's own records where it has them: the Lease as a watch delivers it (the election
+//! controller naming a holder, `preferredHolder`, the release), the new holder's `acquireTime`
+//! (its first renewal, which starts its term), and the audit log's `requestReceivedTimestamp` of
+//! its first slice write. One machine, one clock. Timings are printed, never asserted:
+//! `cargo test -p external-endpoints --test coordinated_mode -- --nocapture`.
+//!
+//! The tests run one at a time on a control plane of their own (Coordinated Leader Election and
+//! the audit log on), so that each figure is taken with nothing else of this binary running.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::{
+    api::coordination::{v1::Lease, v1beta1::LeaseCandidate},
+    jiff::Timestamp,
+};
+use kube::{
+    Api,
+    api::{ListParams, WatchEvent, WatchParams},
+};
+use tokio::{sync::watch, task::JoinHandle};
+
+use harness::{
+    CONVERGE, Cluster, Replica,
+    chaos::{
+        audit::{LeaderMonitor, WriteAudit},
+        churn::{Change, Model},
+        world::{Member, World},
+    },
+    eventually, poll,
+};
+use testbed::Testbed;
+
+/// The controller binary this target was built with.
+const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
+
+/// An emulation version older than the binary's own (0.1.0): the replicas "of the old release".
+const OLD_VERSION: &str = "0.0.9";
+
+/// How long the election controller may take to name a holder: after a crash it notices the
+/// expiry on its 5 s re-checks, pings the candidates and waits up to 5 s for answers.
+const ELECTED: Duration = Duration::from_secs(60);
+
+/// Crashes measured in a row.
+const CRASH_ROUNDS: usize = 3;
+
+/// The mean pause between two changes of the client (a modest rate: about 8 changes per second
+/// with the API's own time).
+const CLIENT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Changes the client makes before each step (a replica started or stopped).
+const STEP_CHANGES: usize = 10;
+
+/// This binary's control plane: Coordinated Leader Election on, and an audit log of slice
+/// writes.
+static PLANE: tokio::sync::OnceCell<Result<Testbed, String>> = tokio::sync::OnceCell::const_new();
+/// One test at a time, so that each figure is taken alone.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// None (after one line on stderr) when the binaries are missing outside CI.
+async fn plane() -> Option<&'static Testbed> {
+    if testbed::Binaries::discover().is_err() && !testbed::running_in_ci() {
+        eprintln!("coordinated mode tests skipped: run `bash testbed/build.sh`");
+        return None;
+    }
+    let plane = PLANE
+        .get_or_init(|| async {
+            let options = testbed::Options {
+                audit_log: true,
+                ..testbed::Options::default()
+            };
+            let options = options.with_coordinated_leader_election();
+            Testbed::start(options).await.map_err(|e| e.to_string())
+        })
+        .await;
+    match plane {
+        Ok(testbed) => Some(testbed),
+        Err(error) => panic!("testbed: {error}"),
+    }
+}
+
+// === tests ===
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashed_leader_is_replaced_and_a_change_made_after_the_kill_is_published() {
+    let _serial = SERIAL.lock().await;
+    let Some(plane) = plane().await else { return };
+    let _logs = plane.log_guard();
+    let (mut world, mut members) = start(plane, "cm-crash", &["--coordinated-election"], 3).await;
+    let watchers = Watchers::start(&world, &members).await;
+    let lease = LeaseLog::start(&world.cluster).await;
+
+    for round in 1..=CRASH_ROUNDS {
+        let index = wait_leader(&world.cluster, &members).await;
+        let mut crashed = members.remove(index);
+        crashed.replica.kill();
+        let killed = Timestamp::now();
+        // A change nobody has published yet: only the next leader can.
+        let change = world.model.visible_change();
+        world.changes += 1;
+        world.model.apply(&world.cluster, &change).await;
+        assert!(!crashed.replica.wait_exit(CONVERGE).await.success());
+
+        wait_leader(&world.cluster, &members).await;
+        world
+            .model
+            .wait_reflected(&world.cluster, Some(&change))
+            .await;
+        let survivors = identities(&members);
+        let named = lease
+            .first(killed, |seen| {
+                seen.holder.as_ref().is_some_and(|h| survivors.contains(h))
+            })
+            .await;
+        let next = named.holder.unwrap();
+        let term = lease.acquired_by(&next, killed).await;
+        let write = first_write(plane, &world.cluster, &survivors, killed).await;
+        // The election controller may move the Lease on among candidates of one version
+        // (docs/leader-election.md), so the first writer is the first one it named.
+        assert_eq!(write.user, next, "the first slice write after the crash");
+        eprintln!(
+            "crash round {round}: {} killed; the election controller named {next} after {}, \
+             its term began after {}, its first slice write after {}; holders since: {}",
+            crashed.replica.identity,
+            ms(killed, named.at),
+            ms(killed, term),
+            ms(killed, write.received),
+            lease.holders_since(killed),
+        );
+        world.retire(crashed);
+        // Back to three candidates for the next round.
+        let fresh = world.member(false).await;
+        watchers.monitor.add(&fresh.replica);
+        members.push(fresh);
+    }
+    watchers.check(&world, &members);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn newer_leader_makes_way_for_an_older_version_that_joins_and_no_change_is_lost() {
+    let _serial = SERIAL.lock().await;
+    let Some(plane) = plane().await else { return };
+    let _logs = plane.log_guard();
+    let (mut world, mut members) =
+        start(plane, "cm-handover", &["--coordinated-election"], 2).await;
+    let watchers = Watchers::start(&world, &members).await;
+    let lease = LeaseLog::start(&world.cluster).await;
+    let mut client = Client::start(&mut world);
+    client.wait_more(STEP_CHANGES).await;
+
+    world.extra = OLD_RELEASE.map(String::from).into();
+    let joined = Timestamp::now();
+    let older = world.member(false).await;
+    watchers.monitor.add(&older.replica);
+    let older_identity = older.replica.identity.clone();
+    members.push(older);
+    let preferred = lease
+        .first(joined, |seen| {
+            seen.preferred.as_deref() == Some(older_identity.as_str())
+        })
+        .await;
+    let named = lease
+        .first(preferred.at, |seen| {
+            seen.holder.as_deref() == Some(older_identity.as_str())
+        })
+        .await;
+    wait_leader(&world.cluster, &members[members.len() - 1..]).await;
+    client.wait_more(STEP_CHANGES).await;
+    let finished = client.stop().await;
+    finished.published(&mut world).await;
+
+    // Candidates of one version may have swapped the Lease before (docs/leader-election.md):
+    // the leader is the holder the controller asked to make way.
+    let leader = preferred.holder.clone().unwrap();
+    // It cleared the holder itself (the controller would have waited for it to expire).
+    let released = lease.first(preferred.at, |seen| seen.holder.is_none()).await;
+    assert!(
+        released.at <= named.at,
+        "{leader} cleared the holder before {older_identity} was named"
+    );
+    let yielded = members.iter().find(|m| m.replica.identity == leader).unwrap();
+    assert!(
+        yielded
+            .replica
+            .log()
+            .contains("yielded the lease to the preferred holder"),
+        "{leader} logs its yield"
+    );
+    let term = lease.acquired_by(&older_identity, joined).await;
+    let write = first_write(plane, &world.cluster, &[older_identity.clone()], joined).await;
+    let during = finished.made_between(joined, write.received);
+    assert!(during > 0, "no change was made during the hand-over");
+    eprintln!(
+        "hand-over to an older version: preferredHolder set {} after it started; from then, \
+         {leader} cleared the holder after {}, {older_identity} was named after {}, its term \
+         began after {}, its first slice write after {} ({during} changes made from its start \
+         to that write, {} in all, all published)",
+        ms(joined, preferred.at),
+        ms(preferred.at, released.at),
+        ms(preferred.at, named.at),
+        ms(preferred.at, term),
+        ms(preferred.at, write.received),
+        finished.times.len(),
+    );
+    watchers.check(&world, &members);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rolling_upgrade_under_churn_publishes_every_change_with_one_writer_at_a_time() {
+    let _serial = SERIAL.lock().await;
+    let Some(plane) = plane().await else { return };
+    let _logs = plane.log_guard();
+    let (mut world, mut members) = start(plane, "cm-upgrade", &OLD_RELEASE, 2).await;
+    let watchers = Watchers::start(&world, &members).await;
+    let lease = LeaseLog::start(&world.cluster).await;
+    let old = identities(&members);
+    let mut client = Client::start(&mut world);
+
+    // The new release joins; the old one keeps leading while any of its replicas is left.
+    world.extra = vec!["--coordinated-election".to_string()];
+    for _ in 0..2 {
+        client.wait_more(STEP_CHANGES).await;
+        let member = world.member(false).await;
+        watchers.monitor.add(&member.replica);
+        wait_candidate(&world.cluster, &member.replica.identity).await;
+        members.push(member);
+    }
+    // The old replicas stop one by one, the leader first.
+    for _ in 0..old.len() {
+        client.wait_more(STEP_CHANGES).await;
+        let index = wait_leader(&world.cluster, &members).await;
+        assert!(
+            old.contains(&members[index].replica.identity),
+            "a replica of the old version leads while one is left"
+        );
+        let mut stopping = members.remove(index);
+        stopping.replica.terminate();
+        let signalled = Timestamp::now();
+        assert!(stopping.replica.wait_exit(CONVERGE).await.success());
+        wait_leader(&world.cluster, &members).await;
+        let remaining = identities(&members);
+        let released = lease.first(signalled, |seen| seen.holder.is_none()).await;
+        let named = lease
+            .first(signalled, |seen| {
+                seen.holder.as_ref().is_some_and(|h| remaining.contains(h))
+            })
+            .await;
+        let next = named.holder.unwrap();
+        let term = lease.acquired_by(&next, signalled).await;
+        let write = first_write(plane, &world.cluster, &remaining, signalled).await;
+        assert_eq!(write.user, next, "the first slice write after the hand-over");
+        eprintln!(
+            "rolling upgrade: {} stopped (SIGTERM); it released the Lease after {}, {next} was \
+             named after {}, its term began after {}, its first slice write (the next client \
+             change) after {}; holders since: {}",
+            stopping.replica.identity,
+            ms(signalled, released.at),
+            ms(signalled, named.at),
+            ms(signalled, term),
+            ms(signalled, write.received),
+            lease.holders_since(signalled),
+        );
+        world.retire(stopping);
+    }
+    client.wait_more(STEP_CHANGES).await;
+    let index = wait_leader(&world.cluster, &members).await;
+    assert!(!old.contains(&members[index].replica.identity));
+
+    let finished = client.stop().await;
+    finished.published(&mut world).await;
+    eprintln!(
+        "rolling upgrade: {} client changes during the upgrade, all published",
+        finished.times.len()
+    );
+    watchers.check(&world, &members);
+}
+
+// === helpers ===
+
+/// The flags of a replica of the old release.
+const OLD_RELEASE: [&str; 3] = ["--coordinated-election", "--emulation-version", OLD_VERSION];
+
+/// A world of `count` replicas started with `extra` flags, once one leads and the slices show
+/// the initial objects.
+async fn start(
+    plane: &'static Testbed,
+    test: &str,
+    extra: &[&str],
+    count: usize,
+) -> (World<'static>, Vec<Member>) {
+    let mut world = World::new(BINARY, plane, test).await;
+    world.extra = extra.iter().map(|flag| flag.to_string()).collect();
+    let mut members = Vec::new();
+    for _ in 0..count {
+        members.push(world.member(false).await);
+    }
+    wait_leader(&world.cluster, &members).await;
+    let model = world.model.clone();
+    model.wait_reflected(&world.cluster, None).await;
+    (world, members)
+}
+
+fn identities(members: &[Member]) -> Vec<String> {
+    members.iter().map(|m| m.replica.identity.clone()).collect()
+}
+
+/// Waits until one member leads and the Lease names it; returns its index.
+async fn wait_leader(cluster: &Cluster, members: &[Member]) -> usize {
+    eventually("a replica to lead", ELECTED, || async {
+        for (index, member) in members.iter().enumerate() {
+            let replica = &member.replica;
+            if replica.is_leader().await
+                && cluster.lease_holder().await.as_ref() == Some(&replica.identity)
+            {
+                return Ok(index);
+            }
+        }
+        Err(format!("holder {:?}", cluster.lease_holder().await))
+    })
+    .await
+}
+
+async fn wait_candidate(cluster: &Cluster, identity: &str) {
+    let api = Api::<LeaseCandidate>::namespaced(cluster.client.clone(), &cluster.namespace);
+    eventually(&format!("LeaseCandidate {identity}"), CONVERGE, || async {
+        match api.get_opt(identity).await {
+            Ok(Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
+/// The first successful slice write by one of `users` the API server received after `after`
+/// (waited for).
+async fn first_write(
+    plane: &Testbed,
+    cluster: &Cluster,
+    users: &[String],
+    after: Timestamp,
+) -> Written {
+    eventually("a slice write in the audit log", CONVERGE, || async {
+        plane
+            .audit_events()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|event| event.namespace == cluster.namespace && event.succeeded())
+            .filter(|event| users.contains(&event.user))
+            .filter_map(|event| {
+                let received = event.received.filter(|time| *time > after)?;
+                Some(Written {
+                    user: event.user,
+                    received,
+                })
+            })
+            .min_by_key(|written| written.received)
+            .ok_or_else(|| format!("none by {users:?} since {after}"))
+    })
+    .await
+}
+
+/// A slice write: who, and when the API server received it.
+struct Written {
+    user: String,
+    received: Timestamp,
+}
+
+/// `to - from` in milliseconds (0 if `to` is earlier).
+fn ms(from: Timestamp, to: Timestamp) -> String {
+    let elapsed = Duration::try_from(from.duration_until(to)).unwrap_or_default();
+    format!("{} ms", elapsed.as_millis())
+}
+
+/// Checks a test's whole run: never two leaders in one sample of the gauges, every slice write
+/// made by the replica the Lease named at that revision.
+struct Watchers {
+    monitor: LeaderMonitor,
+    audit: WriteAudit<'static>,
+}
+
+// === impl Watchers ===
+
+impl Watchers {
+    async fn start(world: &World<'static>, members: &[Member]) -> Watchers {
+        let monitor = LeaderMonitor::start();
+        for member in members {
+            monitor.add(&member.replica);
+        }
+        let audit = WriteAudit::start(world.testbed, &world.cluster).await;
+        Watchers { monitor, audit }
+    }
+
+    fn check(&self, world: &World<'_>, members: &[Member]) {
+        let state = self.monitor.state();
+        assert!(
+            state.overlaps.is_empty(),
+            "two replicas led at once: {:?}",
+            state.overlaps
+        );
+        let mut replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
+        replicas.extend(world.retired.iter().map(|m| &m.replica));
+        let report = self.audit.check(&replicas);
+        eprintln!(
+            "audit: {} slice writes, {} attributed to a replica, {} by a non-holder; {} gauge \
+             samples, longest without a leader {:?}",
+            report.writes,
+            report.attributed,
+            report.by_non_holder.len(),
+            state.samples,
+            state.longest_leaderless,
+        );
+        assert!(report.attributed > 0, "no slice write attributed: {report:?}");
+        assert!(
+            report.by_non_holder.is_empty() && report.after_forced == 0,
+            "writes by a replica the Lease did not name: {report:#?}"
+        );
+    }
+}
+
+/// The Lease as a watch delivers it, each record with the time the test saw it.
+struct LeaseLog {
+    records: watch::Receiver<Vec<Seen>>,
+    task: JoinHandle<()>,
+}
+
+/// One record of the Lease.
+#[derive(Clone, Debug)]
+struct Seen {
+    at: Timestamp,
+    holder: Option<String>,
+    preferred: Option<String>,
+    acquired: Option<Timestamp>,
+}
+
+// === impl LeaseLog ===
+
+impl LeaseLog {
+    /// Records every write of the e2e Lease from now on.
+    async fn start(cluster: &Cluster) -> LeaseLog {
+        let leases = cluster.leases();
+        let (sender, records) = watch::channel(Vec::new());
+        let task = tokio::spawn(async move {
+            let by_name = format!("metadata.name={}", harness::LEASE);
+            loop {
+                // From now (a fresh list), again after any error: the tests are short, a 410
+                // is not expected, and a record missed would only fail a wait below.
+                let Ok(list) = leases.list(&ListParams::default().fields(&by_name)).await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let version = list.metadata.resource_version.unwrap_or_default();
+                let params = WatchParams::default().fields(&by_name);
+                let Ok(stream) = leases.watch(&params, &version).await else {
+                    continue;
+                };
+                let mut stream = stream.boxed();
+                while let Ok(Some(event)) = stream.try_next().await {
+                    match event {
+                        WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
+                            sender.send_modify(|records| records.push(Seen::of(&lease)));
+                        }
+                        WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
+                        WatchEvent::Error(_) => break,
+                    }
+                }
+            }
+        });
+        LeaseLog { records, task }
+    }
+
+    /// The first record seen after `after` that matches (waited for).
+    async fn first(&self, after: Timestamp, matches: impl Fn(&Seen) -> bool) -> Seen {
+        let records = self.records.clone();
+        poll("a Lease record", CONVERGE, Duration::from_millis(20), || {
+            let found = records
+                .borrow()
+                .iter()
+                .find(|seen| seen.at > after && matches(seen))
+                .cloned();
+            async move { found }
+        })
+        .await
+    }
+
+    /// The `acquireTime` that `identity` wrote after `after`: the start of its term.
+    async fn acquired_by(&self, identity: &str, after: Timestamp) -> Timestamp {
+        let seen = self
+            .first(after, |seen| {
+                seen.holder.as_deref() == Some(identity)
+                    && seen.acquired.is_some_and(|time| time > after)
+            })
+            .await;
+        seen.acquired.unwrap()
+    }
+
+    /// The holders named since `after`, in order (`-` for none), each move once.
+    fn holders_since(&self, after: Timestamp) -> String {
+        let mut holders: Vec<&str> = Vec::new();
+        let records = self.records.borrow();
+        for seen in records.iter().filter(|seen| seen.at > after) {
+            let holder = seen.holder.as_deref().unwrap_or("-");
+            if holders.last() != Some(&holder) {
+                holders.push(holder);
+            }
+        }
+        holders.join(" → ")
+    }
+}
+
+impl Drop for LeaseLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// === impl Seen ===
+
+impl Seen {
+    fn of(lease: &Lease) -> Seen {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Seen {
+            at: Timestamp::now(),
+            holder: spec.holder_identity.filter(|holder| !holder.is_empty()),
+            preferred: spec.preferred_holder.filter(|holder| !holder.is_empty()),
+            acquired: spec.acquire_time.map(|time| time.0),
+        }
+    }
+}
+
+/// A client that keeps changing workloads and Services at a modest rate until stopped.
+struct Client {
+    stop: watch::Sender<bool>,
+    progress: watch::Receiver<usize>,
+    task: JoinHandle<Finished>,
+}
+
+/// What a stopped [`Client`] wrote.
+struct Finished {
+    model: Model,
+    last: Option<Change>,
+    /// When each change was accepted, in order.
+    times: Vec<Timestamp>,
+}
+
+// === impl Client ===
+
+impl Client {
+    /// Starts changing objects from the world's model, pausing 0..2×[`CLIENT_PAUSE`].
+    fn start(world: &mut World<'_>) -> Client {
+        let cluster = world.cluster.clone();
+        let (mut model, mut rng) = (world.model.clone(), world.rng.fork());
+        let (stop, stopped) = watch::channel(false);
+        let (done, progress) = watch::channel(0);
+        let task = tokio::spawn(async move {
+            let (mut last, mut times) = (None, Vec::new());
+            while !*stopped.borrow() {
+                let change = model.random_change(&mut rng);
+                model.apply(&cluster, &change).await;
+                times.push(Timestamp::now());
+                last = Some(change);
+                done.send_replace(times.len());
+                let jitter = rng.below(2000) as u32;
+                tokio::time::sleep(CLIENT_PAUSE * jitter / 1000).await;
+            }
+            Finished { model, last, times }
+        });
+        Client {
+            stop,
+            progress,
+            task,
+        }
+    }
+
+    /// Waits until `count` more changes were written.
+    async fn wait_more(&mut self, count: usize) {
+        let target = *self.progress.borrow() + count;
+        tokio::time::timeout(CONVERGE, self.progress.wait_for(|done| *done >= target))
+            .await
+            .unwrap_or_else(|_| panic!("{target} client changes not made within {CONVERGE:?}"))
+            .expect("the client task ended");
+    }
+
+    /// Stops after the change under way.
+    async fn stop(self) -> Finished {
+        self.stop.send_replace(true);
+        self.task.await.expect("the client task failed")
+    }
+}
+
+// === impl Finished ===
+
+impl Finished {
+    /// Waits until the slices show every change (the last one included), and makes the
+    /// client's model the world's.
+    async fn published(&self, world: &mut World<'_>) {
+        world.model = self.model.clone();
+        world.changes += self.times.len();
+        let model = world.model.clone();
+        model.wait_reflected(&world.cluster, self.last.as_ref()).await;
+    }
+
+    /// Changes accepted between `from` and `to`.
+    fn made_between(&self, from: Timestamp, to: Timestamp) -> usize {
+        let within = |time: &&Timestamp| **time > from && **time < to;
+        self.times.iter().filter(within).count()
+    }
+}
