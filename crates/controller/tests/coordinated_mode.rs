@@ -16,29 +16,27 @@
 //! the audit log on), so that each figure is taken with nothing else of this binary running.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
 
+#[path = "coordinated_mode/client.rs"]
+mod client;
+#[path = "coordinated_mode/records.rs"]
+mod records;
+
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::{
-    api::coordination::{v1::Lease, v1beta1::LeaseCandidate},
-    jiff::Timestamp,
-};
-use kube::{
-    Api,
-    api::{ListParams, WatchEvent, WatchParams},
-};
-use tokio::{sync::watch, task::JoinHandle};
+use k8s_openapi::{api::coordination::v1beta1::LeaseCandidate, jiff::Timestamp};
+use kube::Api;
 
 use harness::{
-    CONVERGE, Cluster, Replica,
-    chaos::{
-        audit::{LeaderMonitor, WriteAudit},
-        churn::{Change, Model},
-        world::{Member, World},
-    },
-    eventually, poll,
+    CONVERGE, Cluster,
+    chaos::world::{Member, World},
+    eventually,
 };
 use testbed::Testbed;
+
+use self::{
+    client::Client,
+    records::{LeaseLog, Watchers, first_write, ms},
+};
 
 /// The controller binary this target was built with.
 const BINARY: harness::Binary = harness::Binary(env!("CARGO_BIN_EXE_external-endpoints"));
@@ -52,10 +50,6 @@ const ELECTED: Duration = Duration::from_secs(60);
 
 /// Crashes measured in a row.
 const CRASH_ROUNDS: usize = 3;
-
-/// The mean pause between two changes of the client (a modest rate: about 8 changes per second
-/// with the API's own time).
-const CLIENT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Changes the client makes before each step (a replica started or stopped).
 const STEP_CHANGES: usize = 10;
@@ -182,12 +176,17 @@ async fn newer_leader_makes_way_for_an_older_version_that_joins_and_no_change_is
     // the leader is the holder the controller asked to make way.
     let leader = preferred.holder.clone().unwrap();
     // It cleared the holder itself (the controller would have waited for it to expire).
-    let released = lease.first(preferred.at, |seen| seen.holder.is_none()).await;
+    let released = lease
+        .first(preferred.at, |seen| seen.holder.is_none())
+        .await;
     assert!(
         released.at <= named.at,
         "{leader} cleared the holder before {older_identity} was named"
     );
-    let yielded = members.iter().find(|m| m.replica.identity == leader).unwrap();
+    let yielded = members
+        .iter()
+        .find(|m| m.replica.identity == leader)
+        .unwrap();
     assert!(
         yielded
             .replica
@@ -196,7 +195,13 @@ async fn newer_leader_makes_way_for_an_older_version_that_joins_and_no_change_is
         "{leader} logs its yield"
     );
     let term = lease.acquired_by(&older_identity, joined).await;
-    let write = first_write(plane, &world.cluster, &[older_identity.clone()], joined).await;
+    let write = first_write(
+        plane,
+        &world.cluster,
+        std::slice::from_ref(&older_identity),
+        joined,
+    )
+    .await;
     let during = finished.made_between(joined, write.received);
     assert!(during > 0, "no change was made during the hand-over");
     eprintln!(
@@ -257,7 +262,10 @@ async fn rolling_upgrade_under_churn_publishes_every_change_with_one_writer_at_a
         let next = named.holder.unwrap();
         let term = lease.acquired_by(&next, signalled).await;
         let write = first_write(plane, &world.cluster, &remaining, signalled).await;
-        assert_eq!(write.user, next, "the first slice write after the hand-over");
+        assert_eq!(
+            write.user, next,
+            "the first slice write after the hand-over"
+        );
         eprintln!(
             "rolling upgrade: {} stopped (SIGTERM); it released the Lease after {}, {next} was \
              named after {}, its term began after {}, its first slice write (the next client \
@@ -338,279 +346,4 @@ async fn wait_candidate(cluster: &Cluster, identity: &str) {
         }
     })
     .await
-}
-
-/// The first successful slice write by one of `users` the API server received after `after`
-/// (waited for).
-async fn first_write(
-    plane: &Testbed,
-    cluster: &Cluster,
-    users: &[String],
-    after: Timestamp,
-) -> Written {
-    eventually("a slice write in the audit log", CONVERGE, || async {
-        plane
-            .audit_events()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|event| event.namespace == cluster.namespace && event.succeeded())
-            .filter(|event| users.contains(&event.user))
-            .filter_map(|event| {
-                let received = event.received.filter(|time| *time > after)?;
-                Some(Written {
-                    user: event.user,
-                    received,
-                })
-            })
-            .min_by_key(|written| written.received)
-            .ok_or_else(|| format!("none by {users:?} since {after}"))
-    })
-    .await
-}
-
-/// A slice write: who, and when the API server received it.
-struct Written {
-    user: String,
-    received: Timestamp,
-}
-
-/// `to - from` in milliseconds (0 if `to` is earlier).
-fn ms(from: Timestamp, to: Timestamp) -> String {
-    let elapsed = Duration::try_from(from.duration_until(to)).unwrap_or_default();
-    format!("{} ms", elapsed.as_millis())
-}
-
-/// Checks a test's whole run: never two leaders in one sample of the gauges, every slice write
-/// made by the replica the Lease named at that revision.
-struct Watchers {
-    monitor: LeaderMonitor,
-    audit: WriteAudit<'static>,
-}
-
-// === impl Watchers ===
-
-impl Watchers {
-    async fn start(world: &World<'static>, members: &[Member]) -> Watchers {
-        let monitor = LeaderMonitor::start();
-        for member in members {
-            monitor.add(&member.replica);
-        }
-        let audit = WriteAudit::start(world.testbed, &world.cluster).await;
-        Watchers { monitor, audit }
-    }
-
-    fn check(&self, world: &World<'_>, members: &[Member]) {
-        let state = self.monitor.state();
-        assert!(
-            state.overlaps.is_empty(),
-            "two replicas led at once: {:?}",
-            state.overlaps
-        );
-        let mut replicas: Vec<&Replica> = members.iter().map(|m| &m.replica).collect();
-        replicas.extend(world.retired.iter().map(|m| &m.replica));
-        let report = self.audit.check(&replicas);
-        eprintln!(
-            "audit: {} slice writes, {} attributed to a replica, {} by a non-holder; {} gauge \
-             samples, longest without a leader {:?}",
-            report.writes,
-            report.attributed,
-            report.by_non_holder.len(),
-            state.samples,
-            state.longest_leaderless,
-        );
-        assert!(report.attributed > 0, "no slice write attributed: {report:?}");
-        assert!(
-            report.by_non_holder.is_empty() && report.after_forced == 0,
-            "writes by a replica the Lease did not name: {report:#?}"
-        );
-    }
-}
-
-/// The Lease as a watch delivers it, each record with the time the test saw it.
-struct LeaseLog {
-    records: watch::Receiver<Vec<Seen>>,
-    task: JoinHandle<()>,
-}
-
-/// One record of the Lease.
-#[derive(Clone, Debug)]
-struct Seen {
-    at: Timestamp,
-    holder: Option<String>,
-    preferred: Option<String>,
-    acquired: Option<Timestamp>,
-}
-
-// === impl LeaseLog ===
-
-impl LeaseLog {
-    /// Records every write of the e2e Lease from now on.
-    async fn start(cluster: &Cluster) -> LeaseLog {
-        let leases = cluster.leases();
-        let (sender, records) = watch::channel(Vec::new());
-        let task = tokio::spawn(async move {
-            let by_name = format!("metadata.name={}", harness::LEASE);
-            loop {
-                // From now (a fresh list), again after any error: the tests are short, a 410
-                // is not expected, and a record missed would only fail a wait below.
-                let Ok(list) = leases.list(&ListParams::default().fields(&by_name)).await else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let version = list.metadata.resource_version.unwrap_or_default();
-                let params = WatchParams::default().fields(&by_name);
-                let Ok(stream) = leases.watch(&params, &version).await else {
-                    continue;
-                };
-                let mut stream = stream.boxed();
-                while let Ok(Some(event)) = stream.try_next().await {
-                    match event {
-                        WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
-                            sender.send_modify(|records| records.push(Seen::of(&lease)));
-                        }
-                        WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
-                        WatchEvent::Error(_) => break,
-                    }
-                }
-            }
-        });
-        LeaseLog { records, task }
-    }
-
-    /// The first record seen after `after` that matches (waited for).
-    async fn first(&self, after: Timestamp, matches: impl Fn(&Seen) -> bool) -> Seen {
-        let records = self.records.clone();
-        poll("a Lease record", CONVERGE, Duration::from_millis(20), || {
-            let found = records
-                .borrow()
-                .iter()
-                .find(|seen| seen.at > after && matches(seen))
-                .cloned();
-            async move { found }
-        })
-        .await
-    }
-
-    /// The `acquireTime` that `identity` wrote after `after`: the start of its term.
-    async fn acquired_by(&self, identity: &str, after: Timestamp) -> Timestamp {
-        let seen = self
-            .first(after, |seen| {
-                seen.holder.as_deref() == Some(identity)
-                    && seen.acquired.is_some_and(|time| time > after)
-            })
-            .await;
-        seen.acquired.unwrap()
-    }
-
-    /// The holders named since `after`, in order (`-` for none), each move once.
-    fn holders_since(&self, after: Timestamp) -> String {
-        let mut holders: Vec<&str> = Vec::new();
-        let records = self.records.borrow();
-        for seen in records.iter().filter(|seen| seen.at > after) {
-            let holder = seen.holder.as_deref().unwrap_or("-");
-            if holders.last() != Some(&holder) {
-                holders.push(holder);
-            }
-        }
-        holders.join(" → ")
-    }
-}
-
-impl Drop for LeaseLog {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-// === impl Seen ===
-
-impl Seen {
-    fn of(lease: &Lease) -> Seen {
-        let spec = lease.spec.clone().unwrap_or_default();
-        Seen {
-            at: Timestamp::now(),
-            holder: spec.holder_identity.filter(|holder| !holder.is_empty()),
-            preferred: spec.preferred_holder.filter(|holder| !holder.is_empty()),
-            acquired: spec.acquire_time.map(|time| time.0),
-        }
-    }
-}
-
-/// A client that keeps changing workloads and Services at a modest rate until stopped.
-struct Client {
-    stop: watch::Sender<bool>,
-    progress: watch::Receiver<usize>,
-    task: JoinHandle<Finished>,
-}
-
-/// What a stopped [`Client`] wrote.
-struct Finished {
-    model: Model,
-    last: Option<Change>,
-    /// When each change was accepted, in order.
-    times: Vec<Timestamp>,
-}
-
-// === impl Client ===
-
-impl Client {
-    /// Starts changing objects from the world's model, pausing 0..2×[`CLIENT_PAUSE`].
-    fn start(world: &mut World<'_>) -> Client {
-        let cluster = world.cluster.clone();
-        let (mut model, mut rng) = (world.model.clone(), world.rng.fork());
-        let (stop, stopped) = watch::channel(false);
-        let (done, progress) = watch::channel(0);
-        let task = tokio::spawn(async move {
-            let (mut last, mut times) = (None, Vec::new());
-            while !*stopped.borrow() {
-                let change = model.random_change(&mut rng);
-                model.apply(&cluster, &change).await;
-                times.push(Timestamp::now());
-                last = Some(change);
-                done.send_replace(times.len());
-                let jitter = rng.below(2000) as u32;
-                tokio::time::sleep(CLIENT_PAUSE * jitter / 1000).await;
-            }
-            Finished { model, last, times }
-        });
-        Client {
-            stop,
-            progress,
-            task,
-        }
-    }
-
-    /// Waits until `count` more changes were written.
-    async fn wait_more(&mut self, count: usize) {
-        let target = *self.progress.borrow() + count;
-        tokio::time::timeout(CONVERGE, self.progress.wait_for(|done| *done >= target))
-            .await
-            .unwrap_or_else(|_| panic!("{target} client changes not made within {CONVERGE:?}"))
-            .expect("the client task ended");
-    }
-
-    /// Stops after the change under way.
-    async fn stop(self) -> Finished {
-        self.stop.send_replace(true);
-        self.task.await.expect("the client task failed")
-    }
-}
-
-// === impl Finished ===
-
-impl Finished {
-    /// Waits until the slices show every change (the last one included), and makes the
-    /// client's model the world's.
-    async fn published(&self, world: &mut World<'_>) {
-        world.model = self.model.clone();
-        world.changes += self.times.len();
-        let model = world.model.clone();
-        model.wait_reflected(&world.cluster, self.last.as_ref()).await;
-    }
-
-    /// Changes accepted between `from` and `to`.
-    fn made_between(&self, from: Timestamp, to: Timestamp) -> usize {
-        let within = |time: &&Timestamp| **time > from && **time < to;
-        self.times.iter().filter(within).count()
-    }
 }
