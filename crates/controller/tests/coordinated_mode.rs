@@ -28,7 +28,7 @@ use kube::Api;
 
 use harness::{
     CONVERGE, Cluster,
-    chaos::world::{Member, World},
+    chaos::world::{LeaseTimings, Member, World},
     eventually,
 };
 use testbed::Testbed;
@@ -89,12 +89,34 @@ async fn crashed_leader_is_replaced_and_a_change_made_after_the_kill_is_publishe
     let _serial = SERIAL.lock().await;
     let Some(plane) = plane().await else { return };
     let _logs = plane.log_guard();
-    let (mut world, mut members) = start(plane, "cm-crash", &["--coordinated-election"], 3).await;
+    crash_rounds(plane, "cm-crash", LeaseTimings::E2E, CRASH_ROUNDS).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crashed_leader_with_the_default_lease_timings_is_replaced_and_no_change_is_lost() {
+    let _serial = SERIAL.lock().await;
+    let Some(plane) = plane().await else { return };
+    let _logs = plane.log_guard();
+    crash_rounds(plane, "cm-crash-default", LeaseTimings::DEFAULT, 2).await;
+}
+
+/// Kills the leader of three replicas `rounds` times (a fresh replica joins after each), each
+/// time making a change right after the kill: the change is published by the next leader, the
+/// first one the election controller names, and nobody else writes.
+async fn crash_rounds(plane: &'static Testbed, test: &str, timings: LeaseTimings, rounds: usize) {
+    let (mut world, mut members) =
+        start(plane, test, timings, &["--coordinated-election"], 3).await;
     let watchers = Watchers::start(&world, &members).await;
     let lease = LeaseLog::start(&world.cluster).await;
 
-    for round in 1..=CRASH_ROUNDS {
+    for round in 1..=rounds {
         let index = wait_leader(&world.cluster, &members).await;
+        // Crashes strike at any moment of the election controller's 5 s re-checks: each round
+        // lets the leader renew a different number of times first.
+        let renewals = 2 * round - 1;
+        lease
+            .renewed(&members[index].replica.identity, renewals)
+            .await;
         let mut crashed = members.remove(index);
         crashed.replica.kill();
         let killed = Timestamp::now();
@@ -122,8 +144,10 @@ async fn crashed_leader_is_replaced_and_a_change_made_after_the_kill_is_publishe
         // (docs/leader-election.md), so the first writer is the first one it named.
         assert_eq!(write.user, next, "the first slice write after the crash");
         eprintln!(
-            "crash round {round}: {} killed; the election controller named {next} after {}, \
-             its term began after {}, its first slice write after {}; holders since: {}",
+            "crash round {round} (lease {:?}): {} killed after {renewals} renewal(s); the \
+             election controller named {next} after {}, its term began after {}, its first \
+             slice write after {}; holders since: {}",
+            timings.duration,
             crashed.replica.identity,
             ms(killed, named.at),
             ms(killed, term),
@@ -144,8 +168,14 @@ async fn newer_leader_makes_way_for_an_older_version_that_joins_and_no_change_is
     let _serial = SERIAL.lock().await;
     let Some(plane) = plane().await else { return };
     let _logs = plane.log_guard();
-    let (mut world, mut members) =
-        start(plane, "cm-handover", &["--coordinated-election"], 2).await;
+    let (mut world, mut members) = start(
+        plane,
+        "cm-handover",
+        LeaseTimings::E2E,
+        &["--coordinated-election"],
+        2,
+    )
+    .await;
     let watchers = Watchers::start(&world, &members).await;
     let lease = LeaseLog::start(&world.cluster).await;
     let mut client = Client::start(&mut world);
@@ -224,7 +254,8 @@ async fn rolling_upgrade_under_churn_publishes_every_change_with_one_writer_at_a
     let _serial = SERIAL.lock().await;
     let Some(plane) = plane().await else { return };
     let _logs = plane.log_guard();
-    let (mut world, mut members) = start(plane, "cm-upgrade", &OLD_RELEASE, 2).await;
+    let (mut world, mut members) =
+        start(plane, "cm-upgrade", LeaseTimings::E2E, &OLD_RELEASE, 2).await;
     let watchers = Watchers::start(&world, &members).await;
     let lease = LeaseLog::start(&world.cluster).await;
     let old = identities(&members);
@@ -297,15 +328,17 @@ async fn rolling_upgrade_under_churn_publishes_every_change_with_one_writer_at_a
 /// The flags of a replica of the old release.
 const OLD_RELEASE: [&str; 3] = ["--coordinated-election", "--emulation-version", OLD_VERSION];
 
-/// A world of `count` replicas started with `extra` flags, once one leads and the slices show
-/// the initial objects.
+/// A world of `count` replicas started with `timings` and `extra` flags, once one leads and
+/// the slices show the initial objects.
 async fn start(
     plane: &'static Testbed,
     test: &str,
+    timings: LeaseTimings,
     extra: &[&str],
     count: usize,
 ) -> (World<'static>, Vec<Member>) {
     let mut world = World::new(BINARY, plane, test).await;
+    world.lease = timings;
     world.extra = extra.iter().map(|flag| flag.to_string()).collect();
     let mut members = Vec::new();
     for _ in 0..count {

@@ -188,6 +188,21 @@ impl LeaseLog {
         seen.acquired.unwrap()
     }
 
+    /// Waits until `holder` has written the Lease `count` more times (renewals).
+    pub async fn renewed(&self, holder: &str, count: usize) {
+        let from = self.records.borrow().len();
+        let records = self.records.clone();
+        let what = format!("{count} renewals by {holder}");
+        poll(&what, CONVERGE, Duration::from_millis(20), || {
+            let by_holder = records.borrow()[from..]
+                .iter()
+                .filter(|seen| seen.holder.as_deref() == Some(holder))
+                .count();
+            async move { (by_holder >= count).then_some(()) }
+        })
+        .await
+    }
+
     /// The holders named since `after`, in order (`-` for none), each move once.
     pub fn holders_since(&self, after: Timestamp) -> String {
         let mut holders: Vec<&str> = Vec::new();
