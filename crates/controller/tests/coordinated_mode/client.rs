@@ -14,9 +14,13 @@ use harness::{
     },
 };
 
-/// The mean pause between two changes of the client (a modest rate: about 8 changes per second
+/// The mean pause between two changes of a client at a modest rate (about 8 changes per second
 /// with the API's own time).
-const CLIENT_PAUSE: Duration = Duration::from_millis(100);
+pub const MODEST: Duration = Duration::from_millis(100);
+
+/// The mean pause between two changes of a brisk client (a change every few tens of
+/// milliseconds: some land within any window of about 100 ms).
+pub const BRISK: Duration = Duration::from_millis(20);
 
 /// A client that keeps changing workloads and Services at a modest rate until stopped.
 pub struct Client {
@@ -36,8 +40,8 @@ pub struct Finished {
 // === impl Client ===
 
 impl Client {
-    /// Starts changing objects from the world's model, pausing 0..2×[`CLIENT_PAUSE`].
-    pub fn start(world: &mut World<'_>) -> Client {
+    /// Starts changing objects from the world's model, pausing 0..2×`pause` between changes.
+    pub fn start(world: &mut World<'_>, pause: Duration) -> Client {
         let cluster = world.cluster.clone();
         let (mut model, mut rng) = (world.model.clone(), world.rng.fork());
         let (stop, stopped) = watch::channel(false);
@@ -51,7 +55,7 @@ impl Client {
                 last = Some(change);
                 done.send_replace(times.len());
                 let jitter = rng.below(2000) as u32;
-                tokio::time::sleep(CLIENT_PAUSE * jitter / 1000).await;
+                tokio::time::sleep(pause * jitter / 1000).await;
             }
             Finished { model, last, times }
         });

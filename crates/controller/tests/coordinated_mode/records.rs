@@ -204,16 +204,16 @@ impl LeaseLog {
     }
 
     /// The holders named since `after`, in order (`-` for none), each move once.
-    pub fn holders_since(&self, after: Timestamp) -> String {
-        let mut holders: Vec<&str> = Vec::new();
+    pub fn holders(&self, after: Timestamp) -> Vec<String> {
+        let mut holders: Vec<String> = Vec::new();
         let records = self.records.borrow();
         for seen in records.iter().filter(|seen| seen.at > after) {
             let holder = seen.holder.as_deref().unwrap_or("-");
-            if holders.last() != Some(&holder) {
-                holders.push(holder);
+            if holders.last().map(String::as_str) != Some(holder) {
+                holders.push(holder.to_string());
             }
         }
-        holders.join(" → ")
+        holders
     }
 }
 
