@@ -1,5 +1,5 @@
 //! The client of the coordinated mode tests: it keeps changing workloads and Services at a
-//! modest rate until stopped, and remembers when each change was accepted.
+//! chosen rate until stopped, and remembers when each change was accepted.
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ pub const MODEST: Duration = Duration::from_millis(100);
 /// milliseconds: some land within any window of about 100 ms).
 pub const BRISK: Duration = Duration::from_millis(20);
 
-/// A client that keeps changing workloads and Services at a modest rate until stopped.
+/// A client that keeps changing workloads and Services until stopped.
 pub struct Client {
     stop: watch::Sender<bool>,
     progress: watch::Receiver<usize>,

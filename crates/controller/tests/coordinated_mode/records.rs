@@ -48,7 +48,9 @@ pub async fn first_write(
 
 /// A slice write: who, and when the API server received it.
 pub struct Written {
+    /// The replica (its identity is its user name on the testbed).
     pub user: String,
+    /// The audit log's `requestReceivedTimestamp`.
     pub received: Timestamp,
 }
 
@@ -116,9 +118,13 @@ pub struct LeaseLog {
 /// One record of the Lease.
 #[derive(Clone, Debug)]
 pub struct Seen {
+    /// When the watch delivered it.
     pub at: Timestamp,
+    /// `holderIdentity` (None when empty: released or yielded).
     pub holder: Option<String>,
+    /// `preferredHolder`: the election controller asks the holder to make way.
     pub preferred: Option<String>,
+    /// `acquireTime`: written by a replica when its term begins.
     pub acquired: Option<Timestamp>,
 }
 
@@ -141,6 +147,7 @@ impl LeaseLog {
                 let version = list.metadata.resource_version.unwrap_or_default();
                 let params = WatchParams::default().fields(&by_name);
                 let Ok(stream) = leases.watch(&params, &version).await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };
                 let mut stream = stream.boxed();
