@@ -52,10 +52,9 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use leadership::{
-    ElectorHandle, Fence, FenceMetrics, Fenced, Leadership, LeaseConfig, LeaseElector,
-    LeaseTimings, is_fencing_policy_denial,
+    CancellationToken, ElectorHandle, Fence, FenceMetrics, Fenced, Leadership, LeaseConfig,
+    LeaseElector, LeaseTimings, is_fencing_policy_denial,
 };
-use tokio_util::sync::CancellationToken;
 
 /// The annotation each write sets: `<identity>/<term>`.
 const STAMP: &str = "example.com/stamped-by";
