@@ -136,6 +136,69 @@ async fn a_shared_lease_is_released_only_once_every_runtime_has_drained() {
     assert_eq!(holder(&store), None, "released after the last drain");
 }
 
+/// With several runtimes under one Lease, a panicking reconcile in one of them must not leave
+/// the others leading beside a released (or still held) Lease: the term is given up for all,
+/// and a standby takes over at once.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_reconcile_ends_the_term_for_every_runtime_under_the_lease() {
+    let store = MemoryLeaseStore::new();
+    let first = elector(&store, "a");
+    let second = first.share();
+    first
+        .leadership()
+        .wait_for(Option::is_some)
+        .await
+        .expect("a leads");
+    let standby = elector(&store, "b");
+    sleep(Duration::from_millis(700)).await; // b has polled and watches the Lease
+    let panicking = Runtime::new(
+        RuntimeConfig::default(),
+        app(
+            |_term: &Term| (),
+            |context: &TermContext<u32, ()>| {
+                context.enqueue(1);
+            },
+            |_key: u32, _context: TermContext<u32, ()>| async move {
+                panic!("bug in reconcile");
+                #[allow(unreachable_code)]
+                Ok::<_, Fenced>(Action::Done)
+            },
+        ),
+    );
+    let (healthy, _) = recording_runtime(Duration::from_millis(10));
+    let healthy_gate = healthy.gate();
+    let shutdown = CancellationToken::new();
+    let healthy_run = tokio::spawn(healthy.run(second, shutdown.clone()));
+    let result = timeout(
+        Duration::from_secs(1),
+        panicking.run(first, shutdown.clone()),
+    )
+    .await
+    .expect("returned");
+    assert!(
+        matches!(result, Err(RuntimeError::WorkerFailed(_))),
+        "{result:?}"
+    );
+    let mut standby_leading = standby.leadership();
+    timeout(
+        Duration::from_millis(100),
+        standby_leading.wait_for(Option::is_some),
+    )
+    .await
+    .expect("the standby takes over at once")
+    .expect("leadership");
+    assert_eq!(holder(&store).as_deref(), Some("b"));
+    assert_eq!(
+        healthy_gate.registered_term(),
+        None,
+        "the other runtime follows"
+    );
+
+    shutdown.cancel();
+    healthy_run.await.expect("task").expect("clean shutdown");
+    assert_eq!(holder(&store).as_deref(), Some("b"), "b's Lease untouched");
+}
+
 /// An app whose first term's preparation never finishes (a cache that never catches up) and
 /// whose later ones finish at once.
 struct StuckOnce {
