@@ -581,7 +581,11 @@ impl State {
     /// limitation: the drain before the release must have finished it.
     fn late(&self, replica: usize, sent: &Sent) -> Option<Late> {
         let identity = &self.identities[replica];
-        let problem = if self.holder.as_ref().is_some_and(|holder| holder != identity) {
+        let problem = if self
+            .holder
+            .as_ref()
+            .is_some_and(|holder| holder != identity)
+        {
             format!("the Lease names {:?} when the write lands", self.holder)
         } else if self.tenure != sent.tenure {
             "the Lease changed hands between sending and landing".to_string()

@@ -2,12 +2,12 @@
 //! every part of an app that works under the one Lease.
 
 use std::sync::{
-    Arc,
+    Arc, OnceLock,
     atomic::{AtomicUsize, Ordering},
 };
 
 use tokio::{
-    sync::{mpsc, watch},
+    sync::{Mutex, mpsc},
     task::{AbortHandle, JoinHandle},
 };
 use tokio_util::sync::CancellationToken;
@@ -42,12 +42,18 @@ pub struct ElectorHandle {
 }
 
 /// What every handle on one elector shares.
+///
+/// No task of its own watches the elector task: whichever handle asks first awaits it, under
+/// the lock, and records how it ended for the others. (A watcher task would change how tasks
+/// interleave, and the simulation replays its seeds by the exact order of tasks.)
 #[derive(Debug)]
 struct Shared {
     stop: CancellationToken,
-    task: AbortHandle,
-    /// How the elector task ended: `None` while it runs.
-    ended: watch::Receiver<Option<Result<(), ElectorError>>>,
+    /// The elector task, until it has been seen to end.
+    task: Mutex<Option<JoinHandle<Result<(), ElectorError>>>>,
+    abort: AbortHandle,
+    /// How the elector task ended, once a handle has seen it.
+    ended: OnceLock<Result<(), ElectorError>>,
     /// Handles not yet released or dropped.
     handles: AtomicUsize,
     /// Terms to give up, read by the elector task.
@@ -67,22 +73,13 @@ impl ElectorHandle {
         give_up: mpsc::UnboundedSender<u64>,
         metrics: ElectorMetrics,
     ) -> Self {
-        let abort = task.abort_handle();
-        let (ended_tx, ended) = watch::channel(None);
-        // Every handle learns how the task ended, however many wait for it.
-        tokio::spawn(async move {
-            let result = match task.await {
-                Ok(result) => result,
-                Err(join) => Err(ElectorError::Panicked(join.to_string())),
-            };
-            ended_tx.send_replace(Some(result));
-        });
         Self {
             leadership,
             shared: Arc::new(Shared {
                 stop,
-                task: abort,
-                ended,
+                abort: task.abort_handle(),
+                task: Mutex::new(Some(task)),
+                ended: OnceLock::new(),
                 handles: AtomicUsize::new(1),
                 give_up,
                 metrics,
@@ -157,16 +154,11 @@ impl ElectorHandle {
         if self.reported {
             return std::future::pending().await;
         }
-        let mut ended = self.shared.ended.clone();
-        let result = match ended.wait_for(Option::is_some).await {
-            Ok(ended) => ended.clone(),
-            // The watcher task never drops its sender before sending.
-            Err(_) => Some(Err(ElectorError::Exited)),
-        };
+        let result = self.shared.ended().await;
         self.reported = true;
         match result {
-            Some(Err(error)) => error,
-            Some(Ok(())) | None => ElectorError::Exited,
+            Err(error) => error,
+            Ok(()) => ElectorError::Exited,
         }
     }
 
@@ -176,25 +168,19 @@ impl ElectorHandle {
     /// once (the others still work under the term).
     pub async fn release(mut self) -> Result<(), ElectorError> {
         self.released = true;
-        let mut ended = self.shared.ended.clone();
+        let reported = self.shared.ended.get().cloned();
         if self.shared.handles.fetch_sub(1, Ordering::SeqCst) > 1 {
-            return match ended.borrow().clone() {
+            return match reported {
                 Some(Err(error)) => Err(error),
                 Some(Ok(())) => Err(ElectorError::Exited),
                 None => Ok(()),
             };
         }
-        let already_ended = ended.borrow().is_some();
         self.shared.stop.cancel();
-        let result = match ended.wait_for(Option::is_some).await {
-            Ok(ended) => ended.clone(),
-            Err(_) => Some(Err(ElectorError::Exited)),
-        };
-        match result {
-            // Ended before it was asked to: report it, as `lost` would have.
-            Some(Ok(())) if already_ended => Err(ElectorError::Exited),
-            Some(result) => result,
-            None => Err(ElectorError::Exited),
+        match (reported, self.shared.ended().await) {
+            // Its end was already reported (by `lost`): it ended without being asked to.
+            (Some(_), Ok(())) => Err(ElectorError::Exited),
+            (_, result) => result,
         }
     }
 }
@@ -202,7 +188,29 @@ impl ElectorHandle {
 impl Drop for ElectorHandle {
     fn drop(&mut self) {
         if !self.released && self.shared.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.shared.task.abort();
+            self.shared.abort.abort();
         }
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    /// How the elector task ended, waiting for it if it runs. Cancel-safe: a wait dropped
+    /// midway leaves the task for the next one.
+    async fn ended(&self) -> Result<(), ElectorError> {
+        let mut task = self.task.lock().await;
+        if let Some(ended) = self.ended.get() {
+            return ended.clone();
+        }
+        let Some(running) = task.as_mut() else {
+            return Err(ElectorError::Exited);
+        };
+        let result = match running.await {
+            Ok(result) => result,
+            Err(join) => Err(ElectorError::Panicked(join.to_string())),
+        };
+        *task = None;
+        self.ended.get_or_init(|| result).clone()
     }
 }
