@@ -336,3 +336,39 @@ async fn giving_up_a_term_that_is_already_over_does_nothing() {
     assert_eq!(metrics.terms_given_up(), 0);
     leader.release().await.expect("released");
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_shared_handle_learns_that_the_elector_was_lost() {
+    let store = MemoryLeaseStore::new();
+    let connection = store.connect();
+    let mut first = LeaseElector::new(lease_config("a"), connection.clone()).spawn();
+    let mut second = first.share();
+    first
+        .leadership()
+        .wait_for(Option::is_some)
+        .await
+        .expect("a leads");
+    connection.panic_next(); // the next renewal panics the elector task
+    let (first_lost, second_lost) = timeout(Duration::from_secs(5), async {
+        tokio::join!(first.lost(), second.lost())
+    })
+    .await
+    .expect("both learn of it");
+    assert!(
+        matches!(first_lost, ElectorError::Panicked(_)),
+        "{first_lost:?}"
+    );
+    assert!(
+        matches!(second_lost, ElectorError::Panicked(_)),
+        "{second_lost:?}"
+    );
+    assert!(
+        first.leadership().borrow().is_none(),
+        "nobody believes it leads"
+    );
+    assert!(
+        second.release().await.is_err(),
+        "not the last handle: reports the loss"
+    );
+    assert!(first.release().await.is_err(), "the last: reports the loss");
+}
