@@ -252,8 +252,8 @@ async fn reused_state_stays_stuck_after_reacquiring() {
     assert_eq!(a.count(&format!("wrote {}/new ", world.namespace)), 0);
 }
 
-/// a leads and labels `first` and `second`; a is paused (SIGSTOP) until b takes over; `first`
-/// is deleted; a resumes and follows; b stops (SIGTERM) and a leads again; then `new` is
+/// a leads and labels `first` and `second`; a is paused (SIGSTOP) until b takes over, then
+/// resumes and follows; `first` is deleted; b stops (SIGTERM) and a leads again; then `new` is
 /// created. Returns with `new` created and a leading its second term (`None`: no testbed).
 async fn lead_lose_and_lead_again(test: &str, extra: &[&str]) -> Option<(World, Replica, Replica)> {
     let testbed = testbed::require!(None);
@@ -271,9 +271,11 @@ async fn lead_lose_and_lead_again(test: &str, extra: &[&str]) -> Option<(World, 
 
     a.signal("STOP");
     b.wait_for(1, "acquired term", &[&a]).await;
-    world.delete_config_map("first").await;
     a.signal("CONT");
     a.wait_for(1, "lost term", &[&b]).await;
+    // Deleted once a follows. Deleted while a was paused, the deletion reached a's watch as it
+    // woke, racing its step-down: a handler still registered for the ended term could see it.
+    world.delete_config_map("first").await;
 
     b.signal("TERM");
     assert!(b.exited().await.success(), "{}", transcript(&[&a, &b]));
