@@ -23,6 +23,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "==> cargo publish --dry-run -p leadership"
 K8S_OPENAPI_ENABLED_VERSION=1.37 cargo publish --dry-run -p leadership --locked
 
+# The package again, built as an outside crate would use it: the README's dependency lines and
+# example, and the package's examples (offline, from the registry cache the build above warmed).
+echo "==> scripts/packaged.sh"
+bash scripts/packaged.sh
+
 echo "==> cargo test"
 cargo test --workspace --locked --exclude sim "$@"
 

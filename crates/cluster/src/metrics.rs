@@ -284,6 +284,12 @@ impl Collector for LeadershipCollector {
         )?;
         counter(
             &mut encoder,
+            "leader_terms_given_up",
+            "Leadership terms given up because their acquisition barrier outlasted the prepare timeout (Lease released, competing again after the lease duration)",
+            self.elector.terms_given_up(),
+        )?;
+        counter(
+            &mut encoder,
             "lease_renew_failures",
             "Lease renewals that failed",
             self.elector.renew_failures(),

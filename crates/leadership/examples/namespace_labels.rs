@@ -57,11 +57,10 @@ use kube::{
     },
 };
 use leadership::{
-    Action, Dispatcher, Leadership, LeaseConfig, LeaseElector, LeaseTimings, Reconciler, Runtime,
-    RuntimeConfig, RuntimeError, Term, TermContext,
+    Action, CancellationToken, Dispatcher, Leadership, LeaseConfig, LeaseElector, LeaseTimings,
+    Reconciler, Runtime, RuntimeConfig, RuntimeError, Term, TermContext,
 };
 use parking_lot::Mutex;
-use tokio_util::sync::CancellationToken;
 
 /// Copies a Namespace label onto the namespace's ConfigMaps; one replica writes at a time.
 #[derive(Parser, Debug)]

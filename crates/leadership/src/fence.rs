@@ -158,6 +158,21 @@ impl Fence {
         &self.term
     }
 
+    /// Completes once this fence's term is over (lost, released or given up; at once if it
+    /// already is): the signal to stop work started for the term, e.g. kube-runtime's
+    /// `Controller::graceful_shutdown_on(fence.ended())`. Writes still in flight then are
+    /// refused by [`Fence::check`].
+    pub fn ended(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+        let mut leadership = self.leadership.clone();
+        let term = self.term.id();
+        async move {
+            // An error means nobody can publish leadership any more: the term is over too.
+            let _ = leadership
+                .wait_for(|current| current.as_ref().map(Term::id) != Some(term))
+                .await;
+        }
+    }
+
     fn evaluate(&self, now: Instant) -> Result<(), Fenced> {
         if !self.enforced {
             return Ok(());
@@ -257,6 +272,32 @@ mod tests {
         tx.send_replace(None);
         assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
         assert_eq!(metrics.fenced(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ended_completes_when_the_term_is_over_and_not_before() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let fence = Fence::current(&rx, MARGIN, &FenceMetrics::default()).expect("leading");
+        let ended = tokio::spawn(fence.ended());
+        advance(Duration::from_secs(1)).await;
+        term.record_renewal(Instant::now()); // renewals do not end it
+        tx.send_replace(Some(term.clone()));
+        tokio::task::yield_now().await;
+        assert!(!ended.is_finished());
+
+        // A new term replaces it (a loss and re-acquisition seen at once): over.
+        tx.send_replace(Some(Term::new(Instant::now(), RENEW_DEADLINE)));
+        tokio::time::timeout(Duration::from_millis(1), ended)
+            .await
+            .expect("completed")
+            .expect("task");
+        // Already over: at once. The elector gone: over too.
+        fence.ended().await;
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let fence = Fence::current(&rx, MARGIN, &FenceMetrics::default()).expect("leading");
+        drop(tx);
+        fence.ended().await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -43,10 +43,18 @@
 //!   and a follower takes over at once.
 //! - **No key dropped for failing.** Keys are deduplicated, one worker at a time per key,
 //!   retried with per-key exponential backoff under a global rate limit, and past the cap they
-//!   keep retrying (counted in [`QueueMetrics`]).
-//! - **No silent death.** If the elector task ends on its own, [`Runtime::run`] returns
-//!   [`RuntimeError::ElectorLost`]; the run future, its result, [`ElectorHandle`] and [`Runtime`]
-//!   are `#[must_use]`.
+//!   keep retrying (counted in [`QueueMetrics`]). Keys belong to a term: when it ends, its queued
+//!   and retrying keys are dropped with it, and the next term replays every cached object.
+//! - **No silent hang, no silent death.** A term whose preparation outlasts
+//!   [`RuntimeConfigBuilder::prepare_timeout`] is given up ([`ElectorHandle::give_up`]: the Lease
+//!   released, counted in [`ElectorMetrics::terms_given_up`], competing again after
+//!   LeaseDuration) while `run` goes on as a follower. If the elector task ends on its own,
+//!   [`Runtime::run`] returns [`RuntimeError::ElectorLost`]; the run future, its result,
+//!   [`ElectorHandle`] and [`Runtime`] are `#[must_use]`.
+//! - **One Lease, several controllers.** [`ElectorHandle::share`] gives each [`Runtime`] its own
+//!   handle on one elector: they start and stop with the same terms, and the Lease is released
+//!   after the last of them has drained. An app that keeps kube-runtime's `Controller` takes a
+//!   [`Fence`] per term ([`Fence::current`]) and stops the term's work on [`Fence::ended`].
 //!
 //! # Wiring
 //!
@@ -54,10 +62,9 @@
 //! use std::sync::Arc;
 //!
 //! use leadership::{
-//!     Action, LeaseConfig, LeaseElector, LeaseTimings, Reconciler, Runtime, RuntimeConfig,
-//!     RuntimeError, Term, TermContext,
+//!     Action, CancellationToken, LeaseConfig, LeaseElector, LeaseTimings, Reconciler, Runtime,
+//!     RuntimeConfig, RuntimeError, Term, TermContext,
 //! };
-//! use tokio_util::sync::CancellationToken;
 //!
 //! #[derive(Default)]
 //! struct Tracker; // what this term wrote: fresh every term
@@ -98,6 +105,8 @@
 //! let dispatcher = runtime.dispatcher();
 //! dispatcher.dispatch(|context| context.enqueue("ns/name".to_string()));
 //!
+//! // Join the election only once the caches are ready (a replica that won before they had
+//! // synced would replay an empty cache): see the README's example.
 //! let elector = LeaseElector::for_client(client, lease).spawn();
 //! let shutdown = CancellationToken::new(); // cancel on SIGTERM
 //! match runtime.run(elector, shutdown).await {
@@ -139,6 +148,15 @@ mod term;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
+
+/// The token [`Runtime::run`] stops on (`tokio_util::sync::CancellationToken`), re-exported so
+/// that an app needs no `tokio-util` dependency of its own.
+pub use tokio_util::sync::CancellationToken;
+
+/// The README's example, compiled by the doc tests so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 pub use self::{
     api_fence::{FENCING_POLICY_DENIAL, FENCING_POLICY_TEMPLATE, is_fencing_policy_denial},

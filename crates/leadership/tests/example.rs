@@ -8,24 +8,18 @@
 //! under `CI=true`); see docs/testbed.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::{
-    path::PathBuf,
-    process::{ExitStatus, Stdio},
-    sync::Arc,
-    time::Duration,
-};
+mod support;
+
+use std::{ffi::OsStr, path::PathBuf, time::Duration};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use parking_lot::Mutex;
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-    time::Instant,
-};
+use tokio::time::Instant;
+
+use support::{Replica, WAIT, example_binary, transcript};
 
 /// Short lease timings, so that a crash is taken over in seconds.
 const TIMINGS: [&str; 6] = [
@@ -37,23 +31,12 @@ const TIMINGS: [&str; 6] = [
     "1s",
 ];
 
-/// How long a test waits for a condition before failing.
-const WAIT: Duration = Duration::from_secs(60);
-
 /// One namespace holding the Lease and the ConfigMaps, labelled with a key of its own.
 struct World {
     client: Client,
     kubeconfig: PathBuf,
     namespace: String,
     label: String,
-}
-
-/// One process of the example, its output lines collected as they come.
-struct Replica {
-    identity: String,
-    child: Child,
-    pid: u32,
-    lines: Arc<Mutex<Vec<String>>>,
 }
 
 // === impl World ===
@@ -136,174 +119,17 @@ impl World {
     /// Starts a replica of the example with `identity`, competing for the Lease in this
     /// namespace; `extra` flags are appended.
     async fn start(&self, identity: &str, extra: &[&str]) -> Replica {
-        let mut child = Command::new(example_binary())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--identity", identity])
-            .args(["--lease-namespace", &self.namespace])
-            .args(["--label", &self.label])
-            .args(TIMINGS)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let pid = child.id().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let collected = lines.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = stdout.next_line().await {
-                collected.lock().push(line);
-            }
-        });
-        Replica {
-            identity: identity.to_string(),
-            child,
-            pid,
-            lines,
-        }
-    }
-}
-
-// === impl Replica ===
-
-impl Replica {
-    /// The lines printed so far, without their timestamps.
-    fn lines(&self) -> Vec<String> {
-        self.timed_lines()
+        let mut args: Vec<&OsStr> = vec!["--kubeconfig".as_ref(), self.kubeconfig.as_ref()];
+        for arg in ["--identity", identity, "--lease-namespace", &self.namespace]
             .into_iter()
-            .map(|(_, line)| line)
-            .collect()
-    }
-
-    /// The lines printed so far with their wall-clock time (ms since the epoch).
-    fn timed_lines(&self) -> Vec<(u128, String)> {
-        let lines = self.lines.lock();
-        lines
-            .iter()
-            .map(|line| match line.split_once(' ') {
-                Some((millis, text)) => (millis.parse().unwrap_or(0), text.to_string()),
-                None => (0, line.clone()),
-            })
-            .collect()
-    }
-
-    /// How many lines so far start with `prefix`.
-    fn count(&self, prefix: &str) -> usize {
-        let lines = self.lines();
-        lines.iter().filter(|line| line.starts_with(prefix)).count()
-    }
-
-    /// Waits until at least `n` lines start with `prefix`; returns the time of the `n`th.
-    async fn wait_for(&self, n: usize, prefix: &str, others: &[&Replica]) -> u128 {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let found: Vec<u128> = self
-                .timed_lines()
-                .into_iter()
-                .filter(|(_, line)| line.starts_with(prefix))
-                .map(|(at, _)| at)
-                .collect();
-            if let Some(at) = found.get(n - 1) {
-                return *at;
-            }
-            let mut everyone = vec![self];
-            everyone.extend_from_slice(others);
-            assert!(
-                Instant::now() < deadline,
-                "{} never printed {n} × {prefix:?}\n{}",
-                self.identity,
-                transcript(&everyone)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            .chain(["--label", &self.label])
+            .chain(TIMINGS)
+            .chain(extra.iter().copied())
+        {
+            args.push(arg.as_ref());
         }
+        Replica::spawn(identity, &example_binary("namespace_labels"), &args)
     }
-
-    /// Sends `signal` (`TERM`, `KILL`, `STOP`, `CONT`) to the process.
-    fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
-            .args([format!("-{signal}"), self.pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} {}", self.pid);
-    }
-
-    /// Waits for the process to exit.
-    async fn exited(&mut self) -> ExitStatus {
-        tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .unwrap_or_else(|_| panic!("{} did not exit", self.identity))
-            .unwrap()
-    }
-}
-
-/// Every replica's lines, for failure messages and `--nocapture` runs.
-fn transcript(replicas: &[&Replica]) -> String {
-    replicas
-        .iter()
-        .map(|replica| {
-            format!(
-                "--- {} ---\n{}\n",
-                replica.identity,
-                replica.lines().join("\n")
-            )
-        })
-        .collect()
-}
-
-/// The example binary, built next to this test's own binary (`<target>/<profile>/examples`).
-/// `cargo test -p leadership --test example` does not build examples, so this asks cargo to
-/// (a no-op when it is up to date).
-fn example_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-            let target_dir = profile_dir.parent().unwrap();
-            let mut build = std::process::Command::new(env!("CARGO"));
-            build
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "leadership",
-                    "--example",
-                    "namespace_labels",
-                ])
-                .env("CARGO_TARGET_DIR", target_dir)
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            // Cargo gives this test its package's variables (CARGO_MANIFEST_DIR, ...); some
-            // build scripts (ring's) rerun when they change, which would make this build and
-            // the next `cargo test` rebuild the TLS stack in turn.
-            for (name, _) in std::env::vars_os() {
-                let name = name.to_string_lossy();
-                let set_for_tests = ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_EXE_"]
-                    .iter()
-                    .any(|prefix| name.starts_with(prefix))
-                    || [
-                        "CARGO_CRATE_NAME",
-                        "CARGO_PRIMARY_PACKAGE",
-                        "CARGO_TARGET_TMPDIR",
-                    ]
-                    .contains(&name.as_ref());
-                if set_for_tests {
-                    build.env_remove(name.as_ref());
-                }
-            }
-            if profile_dir
-                .file_name()
-                .is_some_and(|name| name == "release")
-            {
-                build.arg("--release");
-            }
-            let status = build.status().unwrap();
-            assert!(status.success(), "building the example failed");
-            profile_dir.join("examples").join("namespace_labels")
-        })
-        .clone()
 }
 
 /// SIGTERM on the leader: it drains and releases the Lease, the follower (which watches the
@@ -426,8 +252,8 @@ async fn reused_state_stays_stuck_after_reacquiring() {
     assert_eq!(a.count(&format!("wrote {}/new ", world.namespace)), 0);
 }
 
-/// a leads and labels `first` and `second`; a is paused (SIGSTOP) until b takes over; `first`
-/// is deleted; a resumes and follows; b stops (SIGTERM) and a leads again; then `new` is
+/// a leads and labels `first` and `second`; a is paused (SIGSTOP) until b takes over, then
+/// resumes and follows; `first` is deleted; b stops (SIGTERM) and a leads again; then `new` is
 /// created. Returns with `new` created and a leading its second term (`None`: no testbed).
 async fn lead_lose_and_lead_again(test: &str, extra: &[&str]) -> Option<(World, Replica, Replica)> {
     let testbed = testbed::require!(None);
@@ -445,9 +271,11 @@ async fn lead_lose_and_lead_again(test: &str, extra: &[&str]) -> Option<(World, 
 
     a.signal("STOP");
     b.wait_for(1, "acquired term", &[&a]).await;
-    world.delete_config_map("first").await;
     a.signal("CONT");
     a.wait_for(1, "lost term", &[&b]).await;
+    // Deleted once a follows. Deleted while a was paused, the deletion reached a's watch as it
+    // woke, racing its step-down: a handler still registered for the ended term could see it.
+    world.delete_config_map("first").await;
 
     b.signal("TERM");
     assert!(b.exited().await.success(), "{}", transcript(&[&a, &b]));

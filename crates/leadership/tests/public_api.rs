@@ -30,6 +30,23 @@ fn public_api_matches_the_snapshot() {
         surface.len() > 50,
         "the reader found too little:\n{surface}"
     );
+    // Every name lib.rs exports shows up: an item kind the reader does not know (a const, a
+    // free function, a re-export from another crate) would otherwise drop out unseen.
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let missing: Vec<String> = exported_names(&lib)
+        .into_iter()
+        .filter(|name| name != "testing")
+        .filter(|name| {
+            !surface.lines().any(|line| {
+                line.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .any(|word| word == name)
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "exported but not in the surface: {missing:?}"
+    );
     let snapshot_path = root.join(SNAPSHOT);
     if std::env::var_os("UPDATE_PUBLIC_API").is_some() {
         std::fs::write(&snapshot_path, &surface).unwrap();
@@ -63,6 +80,12 @@ fn public_surface(src: &Path) -> String {
     exported.extend(test_util_only.iter().cloned());
     let mut crate_traits = HashSet::new();
     let mut lines = BTreeSet::new();
+    // Re-exports of other crates' items (their declarations are not in our sources).
+    for (text, tag) in [(&lib, ""), (&testing, "[test-util] ")] {
+        for path in foreign_reexports(text) {
+            lines.insert(format!("{tag}pub use {path}"));
+        }
+    }
     for (path, text) in &files {
         let items = read_items(&text_without_tests(text));
         for item in &items {
@@ -152,6 +175,26 @@ fn exported_names(text: &str) -> HashSet<String> {
     names
 }
 
+/// The paths of `pub use` statements that name another crate's items (not `self::`,
+/// `crate::` or `super::`).
+fn foreign_reexports(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("pub use ") {
+        let after = &rest[start + "pub use ".len()..];
+        let end = after.find(';').unwrap();
+        let path: String = after[..end].split_whitespace().collect();
+        if !["self::", "crate::", "super::"]
+            .iter()
+            .any(|local| path.starts_with(local))
+        {
+            paths.push(path);
+        }
+        rest = &after[end..];
+    }
+    paths
+}
+
 /// Everything before the inline `#[cfg(test)] mod tests { ... }` module, if any.
 fn text_without_tests(text: &str) -> String {
     match text.find("#[cfg(test)]\nmod tests {") {
@@ -179,7 +222,7 @@ enum Item {
     },
     /// `impl Trait for Owner`.
     TraitImpl { owner: String, text: String },
-    /// A free function (only the `testing` module has public ones).
+    /// A free function (of the `testing` module, or re-exported by lib.rs).
     Function { text: String },
 }
 
@@ -218,6 +261,10 @@ impl Item {
             }
             Item::Function { text } if in_testing => {
                 Some(("testing".to_string(), format!("testing::{text}")))
+            }
+            Item::Function { text } => {
+                let name = declared_name(text);
+                exported.contains(&name).then(|| (name, text.clone()))
             }
             _ => None,
         }
@@ -304,6 +351,8 @@ fn complete(text: &str) -> bool {
             "pub enum ",
             "pub trait ",
             "pub type ",
+            "pub const ",
+            "pub static ",
             "type ",
         ]
         .iter()
@@ -317,6 +366,8 @@ fn starts_declaration(line: &str) -> bool {
         "pub enum ",
         "pub trait ",
         "pub type ",
+        "pub const ",
+        "pub static ",
         "pub fn ",
         "pub async fn ",
     ]
@@ -390,17 +441,14 @@ fn finish(
         } else if text.starts_with("pub fn ") || text.starts_with("pub async fn ") {
             Item::Function { text }
         } else {
-            let kind = ["struct", "enum", "trait", "type"]
+            let kind = ["struct", "enum", "trait", "type", "const", "static"]
                 .into_iter()
                 .find(|kind| text.starts_with(&format!("pub {kind} ")))
                 .unwrap();
             let (Block::Struct(name) | Block::Enum(name) | Block::Trait(name)) = open_block(&text)
             else {
-                // `pub type` aliases
-                let name = text["pub type ".len()..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
+                // `pub type` aliases, consts and statics
+                let name = declared_name(&text);
                 items.push(Item::Declaration {
                     kind,
                     name,
@@ -433,8 +481,31 @@ fn finish(
     items.push(item);
 }
 
-/// A declaration up to its body, on one line: `pub fn id(&self) -> u64`.
+/// The name a declaration introduces: `pub const FOO: &str` → `FOO`.
+fn declared_name(text: &str) -> String {
+    let rest = text
+        .split_whitespace()
+        .skip_while(|word| {
+            [
+                "pub", "async", "fn", "type", "const", "static", "struct", "enum", "trait",
+            ]
+            .contains(word)
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    rest.chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// A declaration up to its body, on one line: `pub fn id(&self) -> u64`; a const or static up
+/// to its type (its value is not part of the surface).
 fn signature(text: &str) -> String {
+    if text.starts_with("pub const ") || text.starts_with("pub static ") {
+        let end = text.find(" = ").unwrap_or(text.len());
+        let text = text[..end].trim().trim_end_matches(';');
+        return text.split_whitespace().collect::<Vec<_>>().join(" ");
+    }
     let end = text.find('{').unwrap_or(text.len());
     let text = text[..end].trim().trim_end_matches([';', ',']);
     text.split_whitespace().collect::<Vec<_>>().join(" ")

@@ -11,6 +11,7 @@
 
 mod config;
 mod coordinated;
+mod handle;
 mod record;
 mod run;
 #[cfg(test)]
@@ -22,13 +23,14 @@ use std::sync::{
 };
 
 use kube::Client;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use self::config::{LeaseConfig, LeaseConfigError, LeaseTimings};
 pub use self::coordinated::{CandidateConfig, CandidateError};
 pub(crate) use self::coordinated::{KubeLeaseCandidateStore, LeaseCandidateStore};
+pub use self::handle::ElectorHandle;
 use crate::{
     store::{KubeLeaseStore, LeaseStore},
     term::{Leadership, LeadershipSender},
@@ -47,24 +49,6 @@ pub struct LeaseElector {
     coordination: Option<coordinated::Coordination>,
 }
 
-/// The running elector: its leadership value, its metrics, and the means to stop it.
-///
-/// Give it to [`Runtime::run`](crate::Runtime::run), which returns
-/// [`RuntimeError::ElectorLost`](crate::RuntimeError::ElectorLost) if the elector task ever ends
-/// on its own; an app that uses the handle without a runtime must await
-/// [`lost`](ElectorHandle::lost) alongside its work and stop when it completes.
-///
-/// Dropping the handle without [`release`](ElectorHandle::release) stops the elector without
-/// releasing the lease (it then expires after LeaseDuration).
-#[derive(Debug)]
-#[must_use = "dropping the handle stops the elector; hand it to `Runtime::run` or watch `lost()`"]
-pub struct ElectorHandle {
-    leadership: Leadership,
-    stop: CancellationToken,
-    task: Option<JoinHandle<Result<(), ElectorError>>>,
-    metrics: ElectorMetrics,
-}
-
 /// Counters of the elector, for a metrics layer.
 #[derive(Clone, Debug, Default)]
 pub struct ElectorMetrics {
@@ -77,10 +61,11 @@ struct Counters {
     renew_failures: AtomicU64,
     step_downs: AtomicU64,
     watch_stalls: AtomicU64,
+    terms_given_up: AtomicU64,
 }
 
 /// Why the elector stopped on its own.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ElectorError {
     /// The elector task ended without being asked to. Not retryable: exit the process, so that
     /// it is restarted, rather than keep running without an election.
@@ -184,21 +169,18 @@ impl LeaseElector {
             Some(_) => coordinated::Mode::Coordinated,
             None => coordinated::Mode::Compete,
         };
+        let (give_up, terms_to_give_up) = mpsc::unbounded_channel();
         let candidate =
             run::Candidate::new(self.config, self.store, self.sender, self.metrics.clone())
-                .with_mode(mode);
+                .with_mode(mode)
+                .giving_up(terms_to_give_up);
         let task = match coordination {
             Some(publisher) => {
                 tokio::spawn(coordinated::run(candidate, publisher, stop.clone()).instrument(span))
             }
             None => tokio::spawn(candidate.run(stop.clone()).instrument(span)),
         };
-        ElectorHandle {
-            leadership: self.leadership,
-            stop,
-            task: Some(task),
-            metrics: self.metrics,
-        }
+        ElectorHandle::new(self.leadership, stop, task, give_up, self.metrics)
     }
 }
 
@@ -207,76 +189,6 @@ impl std::fmt::Debug for LeaseElector {
         f.debug_struct("LeaseElector")
             .field("config", &self.config)
             .finish_non_exhaustive()
-    }
-}
-
-// === impl ElectorHandle ===
-
-impl ElectorHandle {
-    /// A handle on leadership decided elsewhere (another election mechanism, or a test driving
-    /// terms by hand through the matching [`LeadershipSender`]).
-    /// Releasing it only stops the handle; the sender's owner publishes `None`.
-    #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn external(leadership: Leadership) -> Self {
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            stopped.cancelled().await;
-            Ok(())
-        });
-        Self {
-            leadership,
-            stop,
-            task: Some(task),
-            metrics: ElectorMetrics::default(),
-        }
-    }
-
-    /// The current leadership: `Some(term)` while leading.
-    pub fn leadership(&self) -> Leadership {
-        self.leadership.clone()
-    }
-
-    /// The elector's counters.
-    pub fn metrics(&self) -> ElectorMetrics {
-        self.metrics.clone()
-    }
-
-    /// Completes only if the elector task ends without having been asked to (it never should):
-    /// the caller must then stop, visibly. Cancel-safe; pending forever once the task is gone.
-    #[must_use = "a lost elector must stop the process: leading without an election is unsafe"]
-    pub async fn lost(&mut self) -> ElectorError {
-        let Some(task) = self.task.as_mut() else {
-            return std::future::pending().await;
-        };
-        let result = task.await;
-        self.task = None;
-        match result {
-            Ok(Ok(())) => ElectorError::Exited,
-            Ok(Err(error)) => error,
-            Err(join) => ElectorError::Panicked(join.to_string()),
-        }
-    }
-
-    /// Stops competing: publishes `None`, then releases the lease if this replica holds it, so
-    /// that a follower can take over at once. Returns when the elector task has ended.
-    pub async fn release(mut self) -> Result<(), ElectorError> {
-        self.stop.cancel();
-        let Some(task) = self.task.take() else {
-            return Err(ElectorError::Exited);
-        };
-        match task.await {
-            Ok(result) => result,
-            Err(join) => Err(ElectorError::Panicked(join.to_string())),
-        }
-    }
-}
-
-impl Drop for ElectorHandle {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
     }
 }
 
@@ -302,6 +214,13 @@ impl ElectorMetrics {
     /// [`LeaseTimings::watch_stall_bound`].
     pub fn watch_stalls(&self) -> u64 {
         self.counters.watch_stalls.load(Ordering::Relaxed)
+    }
+
+    /// How many terms were given up ([`ElectorHandle::give_up`]: a runtime whose term's
+    /// preparation timed out, say): each released the Lease and waited LeaseDuration before
+    /// competing again.
+    pub fn terms_given_up(&self) -> u64 {
+        self.counters.terms_given_up.load(Ordering::Relaxed)
     }
 
     fn count(counter: &AtomicU64) {

@@ -4,7 +4,10 @@ use std::{future::Future, pin::pin};
 
 use futures::{StreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::{
+    sync::mpsc,
+    time::{Instant, sleep_until, timeout_at},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -40,6 +43,11 @@ pub(super) struct Candidate<S> {
     /// Whether this candidate takes the lease itself or waits to be named by the API server's
     /// election controller (Coordinated Leader Election).
     mode: Mode,
+    /// Terms the app gives up ([`ElectorHandle::give_up`](super::ElectorHandle::give_up)).
+    give_ups: Option<mpsc::UnboundedReceiver<u64>>,
+    /// After giving a term up: until when this candidate takes no free lease, so that another
+    /// replica can lead.
+    holding_off_until: Option<Instant>,
 }
 
 /// The watch of the lease; restarted at the next poll when it ends, and at once when it has
@@ -70,6 +78,8 @@ enum StepDown {
     /// A record without us was seen (409 or watch) and could not be re-read.
     Unconfirmed,
     Released,
+    /// The app gave the term up ([`ElectorHandle::give_up`](super::ElectorHandle::give_up)).
+    GaveUp,
     /// Coordinated mode: the election controller prefers another holder.
     Yielded,
 }
@@ -94,7 +104,15 @@ impl<S: LeaseStore> Candidate<S> {
             watch_caught_up: false,
             vanished_until: None,
             mode: Mode::Compete,
+            give_ups: None,
+            holding_off_until: None,
         }
+    }
+
+    /// Reads the terms to give up from `give_ups`.
+    pub(super) fn giving_up(mut self, give_ups: mpsc::UnboundedReceiver<u64>) -> Self {
+        self.give_ups = Some(give_ups);
+        self
     }
 
     /// Sets how this candidate becomes leader (see [`Mode`]).
@@ -110,11 +128,13 @@ impl<S: LeaseStore> Candidate<S> {
         let mut watch = Watch::start(&self.store);
         let stall_bound = self.config.timings().watch_stall_bound();
         let mut next_attempt = Instant::now();
+        let mut give_ups = self.give_ups.take();
         loop {
             let step_down_at = self.step_down_at();
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
+                Some(term) = next_give_up(&mut give_ups) => self.give_up(term).await,
                 () = sleep_until(step_down_at.unwrap_or(next_attempt)), if step_down_at.is_some() => {
                     self.check_deadline(Instant::now());
                 }
@@ -269,6 +289,9 @@ impl<S: LeaseStore> Candidate<S> {
         };
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
+        if self.term.is_none() && self.holding_off(Instant::now()) {
+            return;
+        }
         let Some(lease) = current else {
             // In coordinated mode the election controller creates the lease.
             if self.mode == Mode::Coordinated || self.vanished_claim_runs(Instant::now()) {
@@ -527,7 +550,10 @@ impl<S: LeaseStore> Candidate<S> {
         let Some(term) = self.term.take() else {
             return;
         };
-        if !matches!(reason, StepDown::Released | StepDown::Yielded) {
+        if !matches!(
+            reason,
+            StepDown::Released | StepDown::Yielded | StepDown::GaveUp
+        ) {
             ElectorMetrics::count(&self.metrics.counters.step_downs);
         }
         warn!(term = term.id(), ?reason, "stopped leading");
@@ -559,6 +585,31 @@ impl<S: LeaseStore> Candidate<S> {
             (None, Some(until)) if self.term.is_none() && until > Instant::now() => sooner(until),
             _ => next,
         }
+    }
+
+    /// Gives `term` up if it is the current term: ends it, releases the lease, and takes no free
+    /// lease for LeaseDuration, so that another replica leads (a replica whose term could not
+    /// start would otherwise take the lease straight back).
+    async fn give_up(&mut self, term: u64) {
+        if self.term.as_ref().map(Term::id) != Some(term) {
+            debug!(term, "asked to give up a term that is already over");
+            return;
+        }
+        let hold_off = self.config.timings().lease_duration();
+        ElectorMetrics::count(&self.metrics.counters.terms_given_up);
+        warn!(
+            term,
+            ?hold_off,
+            "giving the term up: releasing the lease, competing again after a hold-off"
+        );
+        self.step_down(StepDown::GaveUp);
+        self.release().await;
+        self.holding_off_until = Some(Instant::now() + hold_off);
+    }
+
+    /// Whether this candidate still holds off after giving a term up.
+    fn holding_off(&self, now: Instant) -> bool {
+        self.holding_off_until.is_some_and(|until| until > now)
     }
 
     /// Stops leading, then clears the holder if the record still names us, guarded by
@@ -597,6 +648,20 @@ impl<S: LeaseStore> Candidate<S> {
             }
         }
         Err(StoreError::Conflict)
+    }
+}
+
+/// The next term to give up; pending forever without a receiver or once every sender is gone.
+async fn next_give_up(give_ups: &mut Option<mpsc::UnboundedReceiver<u64>>) -> Option<u64> {
+    match give_ups {
+        Some(receiver) => match receiver.recv().await {
+            Some(term) => Some(term),
+            None => {
+                *give_ups = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 

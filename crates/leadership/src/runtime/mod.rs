@@ -105,17 +105,6 @@ pub enum RuntimeError {
     /// rather than keep running with fewer workers.
     #[error("a worker stopped unexpectedly: {0}")]
     WorkerFailed(String),
-    /// A term's [`Reconciler::prepare_term`] did not finish within the prepare timeout
-    /// ([`RuntimeConfigBuilder::prepare_timeout`]). The term was given up and the Lease released
-    /// before this is returned, so a standby can lead. Retryable by restarting: exit non-zero;
-    /// a replica whose preparation hangs should not keep the Lease.
-    #[error("term {term} gave up: its preparation took longer than {waited:?}")]
-    PrepareTimedOut {
-        /// The term given up.
-        term: u64,
-        /// The prepare timeout it waited.
-        waited: Duration,
-    },
 }
 
 /// What an app plugs into the [`Runtime`]: the three things it does for a term.
@@ -294,9 +283,11 @@ impl RuntimeConfigBuilder {
     }
 
     /// How long a newly acquired term may wait for [`Reconciler::prepare_term`] (e.g. caches
-    /// catching up with the API server) before the runtime gives the term up: it releases the
-    /// Lease, so another replica can lead, and [`Runtime::run`] returns
-    /// [`RuntimeError::PrepareTimedOut`]. Default 30 s.
+    /// catching up with the API server) before the runtime gives the term up
+    /// ([`ElectorHandle::give_up`]): the Lease is released so another replica can lead, the
+    /// give-up is logged and counted ([`ElectorMetrics::terms_given_up`](crate::ElectorMetrics::terms_given_up)),
+    /// and this replica keeps running as a follower and competes again after LeaseDuration.
+    /// Default 30 s.
     pub fn prepare_timeout(mut self, timeout: Duration) -> Self {
         self.config.prepare_timeout = timeout;
         self
@@ -412,7 +403,11 @@ where
     /// (exit non-zero, so that it is restarted) rather than keep running without an election.
     /// [`RuntimeError::WorkerFailed`] if a reconcile panicked: the term is ended first (its
     /// queued keys dropped, the other workers' in-flight reconciles given the drain timeout) and
-    /// the Lease released, so a standby takes over at once.
+    /// the Lease released, so a standby takes over at once (with a shared elector
+    /// ([`ElectorHandle::share`]) the term is given up, so the other runtimes stop too).
+    ///
+    /// A term whose [`Reconciler::prepare_term`] does not finish within the prepare timeout is
+    /// given up ([`ElectorHandle::give_up`]) and `run` carries on as a follower.
     #[must_use = "the result says whether the elector was lost; it must not be ignored"]
     pub async fn run(
         self,
@@ -427,8 +422,8 @@ where
         let mut preparing: Option<Preparing> = None;
         let mut next_resync = self.next_resync();
         let mut leadership_open = true;
-        // Why the run fails, if it does (a worker stopped, a preparation timed out): it ends
-        // with this error after the release.
+        // Why the run fails, if it does (a worker stopped): it ends with this error after the
+        // release.
         let mut failed: Option<RuntimeError> = None;
         let initial = leadership.borrow_and_update().clone();
         self.apply(&mut current, &mut preparing, initial);
@@ -483,17 +478,18 @@ where
                 () = sleep_until(prepare_deadline.unwrap_or_else(Instant::now)),
                     if prepare_deadline.is_some() =>
                 {
-                    // Its handlers were never registered: nothing queued, nothing to drain.
+                    // Its handlers were never registered: nothing queued, nothing to drain. The
+                    // elector ends the term, releases the Lease so a standby leads, and competes
+                    // again after a hold-off; this runtime follows meanwhile.
                     if let Some(Preparing { term, .. }) = preparing.take() {
                         let waited = self.config.prepare_timeout;
                         warn!(
                             term = term.id(),
                             ?waited,
-                            "term preparation timed out; giving the term up and releasing the lease"
+                            "term preparation timed out; giving the term up"
                         );
-                        failed = Some(RuntimeError::PrepareTimedOut { term: term.id(), waited });
+                        elector.give_up(&term);
                     }
-                    break;
                 }
                 () = sleep_until(next_resync.unwrap_or_else(Instant::now)), if next_resync.is_some() => {
                     if let Some(term) = &current {
@@ -524,6 +520,13 @@ where
             while let Ok(Some(_)) = tokio::time::timeout_at(deadline, workers.join_next()).await {}
         }
         workers.abort_all();
+        if failed.is_some()
+            && let Some(term) = &current
+            && elector.is_shared()
+        {
+            // The other runtimes under this Lease must stop too: the release waits for them.
+            elector.give_up(term);
+        }
         elector.release().await?;
         if let Some(term) = current.take() {
             self.gate.stop(term.id());

@@ -1,6 +1,8 @@
 //! Runtime tests: the elector, gate, queue and workers together, in paused time.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests fail loudly by design
 
+mod terms;
+
 use std::{
     collections::HashMap,
     sync::atomic::{AtomicU64, Ordering},
@@ -757,53 +759,6 @@ async fn shutdown_while_preparing_releases_at_once() {
         .expect("nothing to drain: returned at once")
         .expect("task")
         .expect("clean shutdown");
-}
-
-/// A preparation that never finishes (a cache that never catches up) used to hold the Lease
-/// forever with nothing published.
-#[tokio::test(start_paused = true)]
-async fn a_preparation_past_the_prepare_timeout_gives_the_term_up_and_releases_the_lease() {
-    let store = MemoryLeaseStore::new();
-    let leader = elector(&store, "a");
-    let mut leading = leader.leadership();
-    leading.wait_for(Option::is_some).await.expect("a leads");
-    let acquired_at = Instant::now();
-    let standby = elector(&store, "b");
-    let replays = Arc::new(AtomicU64::new(0));
-    let runtime = Runtime::new(
-        RuntimeConfig::builder()
-            .prepare_timeout(Duration::from_secs(5))
-            .build()
-            .expect("valid"),
-        Prepared {
-            ready: Arc::new(Notify::new()), // never notified
-            replays: replays.clone(),
-        },
-    );
-    let result = timeout(
-        Duration::from_secs(6),
-        runtime.run(leader, CancellationToken::new()),
-    )
-    .await
-    .expect("returned after the prepare timeout");
-    assert!(
-        matches!(
-            result,
-            Err(RuntimeError::PrepareTimedOut { waited, .. }) if waited == Duration::from_secs(5)
-        ),
-        "{result:?}"
-    );
-    assert!(Instant::now() - acquired_at >= Duration::from_secs(5));
-    assert_eq!(replays.load(Ordering::SeqCst), 0, "never replayed");
-    let mut standby_leading = standby.leadership();
-    timeout(
-        Duration::from_millis(100),
-        standby_leading.wait_for(Option::is_some),
-    )
-    .await
-    .expect("the standby takes over at once")
-    .expect("leadership");
-    assert_eq!(holder(&store).as_deref(), Some("b"));
 }
 
 #[test]

@@ -56,7 +56,7 @@ pub struct CandidateConfig {
 }
 
 /// Why a [`CandidateConfig`] cannot be built or used.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CandidateError {
     /// A version is not a semantic version `MAJOR.MINOR.PATCH` (the API server rejects it).
     /// Not retryable: fix the configuration.
