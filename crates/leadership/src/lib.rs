@@ -139,6 +139,7 @@ mod term;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
+pub mod watch;
 
 pub use self::{
     api_fence::{FENCING_POLICY_DENIAL, FENCING_POLICY_TEMPLATE, is_fencing_policy_denial},

@@ -11,7 +11,6 @@
 //! paged lists instead. A re-list updates the cache in place and removes what the list no longer
 //! holds only once it is complete, so a plan never sees an object missing that still exists.
 
-mod backoff;
 pub mod fresh;
 pub mod health;
 pub mod source;
