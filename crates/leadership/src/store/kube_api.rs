@@ -5,6 +5,7 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client, api::PostParams};
+use tracing::Instrument;
 
 use super::{LeaseStore, StoreError};
 use crate::watch::{Event, WatchConfig, WatchLoop};
@@ -88,12 +89,18 @@ where
         + Send
         + Sync
         + 'static,
+    K::DynamicType: Default,
 {
     let config = WatchConfig::new(stall_bound).fields(format!("metadata.name={name}"));
     let watch = WatchLoop::new(api, config, ());
-    futures::stream::unfold(watch, |mut watch| async move {
-        let event = watch.next().await;
-        Some((event, watch))
+    // Every line the loop logs names the kind, as the app's watches do.
+    let span = tracing::info_span!("watch", kind = %K::kind(&K::DynamicType::default()));
+    futures::stream::unfold(watch, move |mut watch| {
+        let span = span.clone();
+        async move {
+            let event = watch.next().instrument(span).await;
+            Some((event, watch))
+        }
     })
     .filter_map(|event| {
         std::future::ready(match event {
