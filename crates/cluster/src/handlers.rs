@@ -5,6 +5,10 @@
 //! while this replica leads, under the runtime's registration lock, so a handler never runs on a
 //! follower.
 //!
+//! A watch's route to the queue is named by types, not closures: the watch hands each change to
+//! its [`ChangeSink`], a [`Dispatch`] of the kind's [`Handler`] ([`OnService`], [`OnWorkload`],
+//! [`OnSlice`]).
+//!
 //! This module depends on the caches only: the reconcile (which uses [`replay`] and
 //! [`TermState`]) sits above it, the wiring above both.
 
@@ -18,7 +22,8 @@ use tokio::time::Instant;
 use crate::{
     caches::Caches,
     store::Change,
-    timing::{Timing, TimingMetrics},
+    timing::{Stage, Timing, TimingMetrics},
+    watch::ChangeSink,
 };
 
 /// The dispatch-only handle of this controller's handlers.
@@ -49,6 +54,63 @@ impl TermState {
             stale_since: Mutex::default(),
             timing: Timing::new(metrics),
         }
+    }
+}
+
+/// What a change of one kind means for the queue, while leading.
+pub trait Handler<C>: Send + 'static {
+    /// Queues what `change` affects in the term of `context`.
+    fn handle(&self, context: &Context, change: &Change<C>);
+}
+
+/// Services: [`on_service`].
+pub struct OnService;
+
+/// Workloads: [`on_workload`], reading the caches.
+pub struct OnWorkload(pub Arc<Caches>);
+
+/// Managed slices: [`on_slice`], with the slice settings.
+pub struct OnSlice(pub slices::Config);
+
+/// A watch's changes through `handler`, while leading (the dispatcher runs nothing on a
+/// follower), timing each from its event to its keys.
+pub struct Dispatch<H> {
+    /// The dispatcher of the runtime.
+    pub dispatcher: ServiceDispatcher,
+    /// The kind's handler.
+    pub handler: H,
+}
+
+// === impl Handler ===
+
+impl Handler<CachedService> for OnService {
+    fn handle(&self, context: &Context, change: &Change<CachedService>) {
+        on_service(context, change);
+    }
+}
+
+impl Handler<CachedWorkload> for OnWorkload {
+    fn handle(&self, context: &Context, change: &Change<CachedWorkload>) {
+        on_workload(context, &self.0, change);
+    }
+}
+
+impl Handler<CachedSlice> for OnSlice {
+    fn handle(&self, context: &Context, change: &Change<CachedSlice>) {
+        on_slice(context, &self.0, change);
+    }
+}
+
+// === impl Dispatch ===
+
+impl<C: Send + Sync + 'static, H: Handler<C>> ChangeSink<C> for Dispatch<H> {
+    fn send(&mut self, change: Change<C>, received: Instant) {
+        let handler = &self.handler;
+        self.dispatcher.dispatch(|context| {
+            handler.handle(context, &change);
+            let timing = context.state().timing.metrics();
+            timing.observe(Stage::event_to_key, received.elapsed());
+        });
     }
 }
 

@@ -52,10 +52,9 @@ use crate::{
     app::App,
     caches::Caches,
     events::Diagnostics,
-    handlers::ServiceDispatcher,
+    handlers::{Dispatch, Handler, OnService, OnSlice, OnWorkload, ServiceDispatcher},
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, TermState},
-    timing::Stage,
     watch::{
         fresh::{self, CachedCount, Freshness, ReadVersion},
         health::{Command, KindHealth, version_number},
@@ -290,8 +289,6 @@ impl Watches {
         stop: &CancellationToken,
     ) -> Self {
         let mut watches = Self::default();
-        let caches = controller.caches.clone();
-        let config = controller.config.slices.clone();
         let [services, workloads, slices] = controller.health.kinds();
         watches.start::<Service, _>(
             controller,
@@ -300,7 +297,7 @@ impl Watches {
             (services, commands.services),
             None,
             controller.caches.services.clone(),
-            handlers::on_service,
+            OnService,
         );
         watches.start::<ExternalWorkload, _>(
             controller,
@@ -309,7 +306,7 @@ impl Watches {
             (workloads, commands.workloads),
             None,
             controller.caches.workloads.clone(),
-            move |context, change| handlers::on_workload(context, &caches, change),
+            OnWorkload(controller.caches.clone()),
         );
         watches.start::<EndpointSlice, _>(
             controller,
@@ -318,7 +315,7 @@ impl Watches {
             (slices, commands.slices),
             Some(slice_selector(&controller.config.slices)),
             controller.caches.slices.clone(),
-            move |context, change| handlers::on_slice(context, &config, change),
+            OnSlice(controller.config.slices.clone()),
         );
         watches
     }
@@ -338,10 +335,9 @@ impl Watches {
     ) where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + watch::Project,
         K::DynamicType: Default,
-        H: Fn(&handlers::Context, &store::Change<K::Cached>) + Send + 'static,
+        H: Handler<K::Cached>,
     {
         let kind = health.kind();
-        let dispatcher = dispatcher.clone();
         let labels_of_kind = KindLabels { kind };
         let metrics = &controller.metrics;
         let counters = WatchCounters {
@@ -356,6 +352,10 @@ impl Watches {
             commands,
             counters,
         );
+        let sink = Dispatch {
+            dispatcher: dispatcher.clone(),
+            handler,
+        };
         // One span per watch: every line it logs names its kind.
         let span = tracing::info_span!("watch", kind);
         let watch = watch::run(
@@ -363,13 +363,7 @@ impl Watches {
             cache,
             controller.caches.interner.clone(),
             health,
-            move |change, received: tokio::time::Instant| {
-                dispatcher.dispatch(|context| {
-                    handler(context, &change);
-                    let timing = context.state().timing.metrics();
-                    timing.observe(Stage::event_to_key, received.elapsed());
-                });
-            },
+            sink,
             stop.clone(),
         );
         self.supervise(kind, watch.instrument(span));

@@ -123,6 +123,14 @@
 //! the namespace's ConfigMaps); its test runs two replicas on a real API server through a
 //! graceful hand-over, a crash, and a leader that loses and regains the Lease.
 //!
+//! # Watches
+//!
+//! [`watch`] is the watch loop the elector's Lease watch runs on, public so that an app's own
+//! watches can run on it too and reconnect by the same rules: list (streaming when offered), watch
+//! from the list's version, resume from the last version read, re-list after 410, back off on
+//! errors, and restart a stream silent past a bound. It is a state machine over [`watch::WatchApi`]
+//! (list a page, watch from a version), which `kube::Api<K>` implements.
+//!
 //! # TLS
 //!
 //! The crate depends on `kube` without a TLS stack; the application enables one (`kube`'s
@@ -148,6 +156,7 @@ mod term;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
+pub mod watch;
 
 /// The token [`Runtime::run`] stops on (`tokio_util::sync::CancellationToken`), re-exported so
 /// that an app needs no `tokio-util` dependency of its own.

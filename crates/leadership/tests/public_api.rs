@@ -78,6 +78,23 @@ fn public_surface(src: &Path) -> String {
         .collect();
     let mut exported = from_lib;
     exported.extend(test_util_only.iter().cloned());
+    // A public module (`pub mod watch`) exports what its files declare public.
+    let modules = public_modules(&lib);
+    let module_of = |path: &Path| {
+        modules
+            .iter()
+            .find(|module| path.starts_with(src.join(module)))
+            .cloned()
+    };
+    for (path, text) in &files {
+        if module_of(path).is_some() {
+            for item in read_items(&text_without_tests(text)) {
+                if let Item::Declaration { name, .. } = item {
+                    exported.insert(name);
+                }
+            }
+        }
+    }
     let mut crate_traits = HashSet::new();
     let mut lines = BTreeSet::new();
     // Re-exports of other crates' items (their declarations are not in our sources).
@@ -98,12 +115,16 @@ fn public_surface(src: &Path) -> String {
                 crate_traits.insert(name.clone());
             }
         }
+        let module = module_of(path);
         for item in items {
             let in_testing = path.ends_with("testing.rs");
-            if let Some((owner, line)) = item.describe(&exported, in_testing) {
+            if let Some((owner, line)) = item.describe(&exported, in_testing, module.as_deref()) {
                 let feature = in_testing || test_util_only.contains(&owner);
                 let tag = if feature { "[test-util] " } else { "" };
-                lines.insert(format!("{tag}{line}"));
+                let path = module
+                    .as_ref()
+                    .map_or(String::new(), |module| format!("{module}::"));
+                lines.insert(format!("{tag}{path}{line}"));
             }
         }
     }
@@ -125,7 +146,10 @@ fn rust_files(dir: &Path) -> Vec<(PathBuf, String)> {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            files.extend(rust_files(&path));
+            // A module's `tests/` folder (helpers of its unit tests) is no surface.
+            if !path.ends_with("tests") {
+                files.extend(rust_files(&path));
+            }
         } else if path.extension().is_some_and(|ext| ext == "rs")
             && !path.ends_with("tests.rs")
             && !path.ends_with("stall_tests.rs")
@@ -135,6 +159,15 @@ fn rust_files(dir: &Path) -> Vec<(PathBuf, String)> {
         }
     }
     files
+}
+
+/// The public modules declared in `lib.rs` other than `testing` (handled on its own).
+fn public_modules(lib: &str) -> Vec<String> {
+    lib.lines()
+        .filter_map(|line| line.trim().strip_prefix("pub mod "))
+        .map(|rest| rest.trim_end_matches(';').trim().to_string())
+        .filter(|name| name != "testing")
+        .collect()
 }
 
 /// Names re-exported with `pub use` (the last segment, or the `as` rename).
@@ -222,13 +255,19 @@ enum Item {
     },
     /// `impl Trait for Owner`.
     TraitImpl { owner: String, text: String },
-    /// A free function (of the `testing` module, or re-exported by lib.rs).
+    /// A free function or constant (the `testing` module's, a public module's, or re-exported
+    /// by lib.rs).
     Function { text: String },
 }
 
 impl Item {
     /// The name the item belongs to and its line, if it is public.
-    fn describe(&self, exported: &HashSet<String>, in_testing: bool) -> Option<(String, String)> {
+    fn describe(
+        &self,
+        exported: &HashSet<String>,
+        in_testing: bool,
+        module: Option<&str>,
+    ) -> Option<(String, String)> {
         let with = |attributes: &Vec<String>| {
             if attributes.is_empty() {
                 String::new()
@@ -259,9 +298,16 @@ impl Item {
             Item::TraitImpl { owner, text } if exported.contains(owner) => {
                 Some((owner.clone(), text.clone()))
             }
+            // A public module's trait implemented for a foreign type (`impl WatchApi for Api<K>`).
+            Item::TraitImpl { owner, text }
+                if module.is_some() && exported.contains(&impl_trait_name(text)) =>
+            {
+                Some((owner.clone(), text.clone()))
+            }
             Item::Function { text } if in_testing => {
                 Some(("testing".to_string(), format!("testing::{text}")))
             }
+            Item::Function { text } if module.is_some() => Some((String::new(), text.clone())),
             Item::Function { text } => {
                 let name = declared_name(text);
                 exported.contains(&name).then(|| (name, text.clone()))
@@ -362,6 +408,7 @@ fn complete(text: &str) -> bool {
 
 fn starts_declaration(line: &str) -> bool {
     [
+        "pub const ",
         "pub struct ",
         "pub enum ",
         "pub trait ",
@@ -421,6 +468,30 @@ fn impl_self_type(line: &str) -> String {
         .collect()
 }
 
+/// The trait an `impl … for` line implements: `impl<K> WatchApi for Api<K>` → WatchApi.
+fn impl_trait_name(line: &str) -> String {
+    let before_for = line.split(" for ").next().unwrap_or_default();
+    let mut rest = before_for.strip_prefix("impl").unwrap_or_default();
+    if rest.starts_with('<') {
+        let mut depth = 0;
+        for (at, c) in rest.char_indices() {
+            match c {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                rest = &rest[at + 1..];
+                break;
+            }
+        }
+    }
+    rest.trim()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
 /// Records a declaration that has been read whole.
 fn finish(
     items: &mut Vec<Item>,
@@ -438,7 +509,10 @@ fn finish(
                 return; // an inherent impl: its methods are recorded one by one
             }
             Item::TraitImpl { owner, text }
-        } else if text.starts_with("pub fn ") || text.starts_with("pub async fn ") {
+        } else if text.starts_with("pub fn ")
+            || text.starts_with("pub async fn ")
+            || text.starts_with("pub const ")
+        {
             Item::Function { text }
         } else {
             let kind = ["struct", "enum", "trait", "type", "const", "static"]

@@ -24,12 +24,10 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
+use leadership::watch::Backoff;
 use tokio::time::Instant;
 
-use super::{
-    backoff::Backoff,
-    health::{Command, KindHealth},
-};
+use super::health::{Command, KindHealth};
 
 /// How long a probe may take before the kind is re-listed instead.
 pub const PROBE_WAIT: Duration = Duration::from_secs(5);
@@ -112,7 +110,7 @@ async fn up_to_date(kind: &Kind) -> Proof {
             Ok(version) => break version,
             Err(error) => {
                 tracing::warn!(kind = health.kind(), %error, "cannot read the current version; retrying");
-                tokio::time::sleep(backoff.next()).await;
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     };

@@ -17,15 +17,11 @@ use tokio::{
     time::Instant,
 };
 
-/// What the rest of the process may ask of a watch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Restart the stream from the last resourceVersion, with a short server timeout so that the
-    /// server ends it (or sends a bookmark) soon: proves the cache is up to date.
-    Probe(u64),
-    /// Re-list with plain paged LIST requests (no watch connection), then resume watching.
-    Relist(u64),
-}
+// What the rest of the process may ask of a watch (a probe: restart the stream with a short
+// server timeout, which proves the cache up to date; or a re-list with plain paged LISTs), and
+// the reading of resourceVersions (a version that is not a number is never taken as proof of
+// freshness, so the barrier probes instead): the watch loop's, in the `leadership` crate.
+pub use leadership::watch::{Command, version_number};
 
 /// The state of one watched kind, shared by its watch task, readiness, metrics and the
 /// acquisition barrier.
@@ -199,12 +195,6 @@ impl KindHealth {
     pub(super) fn latest_request(&self) -> u64 {
         self.requested.load(Ordering::SeqCst)
     }
-}
-
-/// Parses a resourceVersion as the number etcd gives it (0 when it is not one: such a version
-/// is never taken as proof of freshness, so the barrier probes instead).
-pub fn version_number(version: &str) -> u64 {
-    version.parse().unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Watches: source (list, watch, resume, stall bound) → project → cache → health → dispatch.
+//! Watches: source (list, watch, resume, stall bound) → project → cache → sink (dispatch) → health.
 //!
 //! Every replica runs these all the time, so a standby's caches are warm when it takes over.
 //! Each object is reduced to its cached form as it arrives (the decoded API object is dropped
@@ -11,7 +11,6 @@
 //! paged lists instead. A re-list updates the cache in place and removes what the list no longer
 //! holds only once it is complete, so a plan never sees an object missing that still exists.
 
-mod backoff;
 pub mod fresh;
 pub mod health;
 pub mod source;
@@ -75,20 +74,23 @@ impl Project for EndpointSlice {
     }
 }
 
-/// Runs one watch until `shutdown`: each event from `source` goes into `cache`, then to
-/// `dispatch`, then its position is reported to `health` (so that whoever waits on `health`
-/// finds the cache holding what was reported).
-pub async fn run<K, D>(
+/// Where a watch sends each change once it is in the cache.
+pub trait ChangeSink<C>: Send + 'static {
+    /// Takes `change`, whose event the watch read at `received`.
+    fn send(&mut self, change: Change<C>, received: Instant);
+}
+
+/// Runs one watch until `shutdown`: each event from `source` goes into `cache`, then to `sink`,
+/// then its position is reported to `health` (so that whoever waits on `health` finds the cache
+/// holding what was reported).
+pub async fn run<K: Project>(
     mut source: Source<K>,
     cache: Arc<Store<K::Cached>>,
     interner: Arc<Interner>,
     health: Arc<KindHealth>,
-    mut dispatch: D,
+    mut sink: impl ChangeSink<K::Cached>,
     shutdown: CancellationToken,
-) where
-    K: Project,
-    D: FnMut(Change<K::Cached>, Instant),
-{
+) {
     let mut listing = None;
     loop {
         let event = tokio::select! {
@@ -100,12 +102,12 @@ pub async fn run<K, D>(
         match event {
             Event::Apply(object) => {
                 let version = version_of(&object);
-                dispatch(cache.apply(object.project(&interner)), received);
+                sink.send(cache.apply(object.project(&interner)), received);
                 health.seen(Some(version));
             }
             Event::Delete(object) => {
                 let version = version_of(&object);
-                dispatch(cache.delete(object.project(&interner)), received);
+                sink.send(cache.delete(object.project(&interner)), received);
                 health.seen(Some(version));
             }
             Event::ListStart => listing = Some(cache.relist()),
@@ -114,14 +116,14 @@ pub async fn run<K, D>(
                 let projected = object.project(&interner);
                 drop(object);
                 if let Some(change) = cache.relist_apply(relist, projected) {
-                    dispatch(change, received);
+                    sink.send(change, received);
                 }
             }
             Event::ListDone(position) => {
                 let relist = listing.take().unwrap_or_else(|| cache.relist());
                 let count = relist.listed();
                 for change in cache.finish_relist(relist) {
-                    dispatch(change, received);
+                    sink.send(change, received);
                 }
                 if health.is_synced() {
                     source.count_relist();

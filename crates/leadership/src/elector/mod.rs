@@ -85,7 +85,12 @@ pub enum ElectorError {
 impl LeaseElector {
     /// A candidate for the Lease named in `config`, through the API server behind `client`.
     pub fn for_client(client: Client, config: LeaseConfig) -> Self {
-        let store = KubeLeaseStore::new(client, config.namespace(), config.name());
+        let store = KubeLeaseStore::new(
+            client,
+            config.namespace(),
+            config.name(),
+            config.timings().watch_stall_bound(),
+        );
         Self::new(config, store)
     }
 
@@ -99,8 +104,12 @@ impl LeaseElector {
         config: LeaseConfig,
         candidate: CandidateConfig,
     ) -> Self {
-        let candidates =
-            KubeLeaseCandidateStore::new(client.clone(), config.namespace(), config.identity());
+        let candidates = KubeLeaseCandidateStore::new(
+            client.clone(),
+            config.namespace(),
+            config.identity(),
+            config.timings().watch_stall_bound(),
+        );
         Self::for_client(client, config).coordinated(candidate, candidates)
     }
 

@@ -1,30 +1,33 @@
 //! [`LeaseStore`] for the real API server.
 
-use futures::{FutureExt, StreamExt, TryStreamExt, future::BoxFuture, stream::BoxStream};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{
-    Api, Client,
-    api::PostParams,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::{Api, Client, api::PostParams};
+use tracing::Instrument;
 
 use super::{LeaseStore, StoreError};
+use crate::watch::{Event, WatchConfig, WatchLoop};
 
 /// The named Lease in one namespace, through `kube::Api<Lease>`.
 #[derive(Clone)]
 pub struct KubeLeaseStore {
     api: Api<Lease>,
     name: String,
+    /// The stall bound of the lease watch.
+    stall_bound: Duration,
 }
 
 // === impl KubeLeaseStore ===
 
 impl KubeLeaseStore {
-    /// The lease `name` in `namespace`.
-    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+    /// The lease `name` in `namespace`; its watch is stalled when silent for `stall_bound`.
+    pub fn new(client: Client, namespace: &str, name: &str, stall_bound: Duration) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
+            stall_bound,
         }
     }
 }
@@ -65,15 +68,18 @@ impl LeaseStore for KubeLeaseStore {
     }
 
     fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
-        watch_named(self.api.clone(), &self.name)
+        watch_named(self.api.clone(), &self.name, self.stall_bound)
     }
 }
 
 /// Changes of the one object `name` of `api` (`None` when it is deleted), for the elector's
-/// stores: the Lease and, in coordinated mode, this replica's LeaseCandidate.
+/// stores: the Lease and, in coordinated mode, this replica's LeaseCandidate. The stream runs
+/// on the [watch loop](crate::watch), so it resumes, re-lists and backs off by the same rules as
+/// every other watch, and never ends or fails: errors are retried inside it.
 pub(crate) fn watch_named<K>(
     api: Api<K>,
     name: &str,
+    stall_bound: Duration,
 ) -> BoxStream<'static, Result<Option<K>, StoreError>>
 where
     K: kube::Resource
@@ -81,24 +87,29 @@ where
         + std::fmt::Debug
         + k8s_openapi::serde::de::DeserializeOwned
         + Send
+        + Sync
         + 'static,
     K::DynamicType: Default,
 {
-    let fields = format!("metadata.name={name}");
-    watcher(api, watcher::Config::default().fields(&fields))
-        .default_backoff()
-        .map_err(|error| StoreError::Watch(Box::new(error)))
-        .filter_map(|event| async move {
-            match event {
-                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
-                    Some(Ok(Some(object)))
-                }
-                Ok(watcher::Event::Delete(_)) => Some(Ok(None)),
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-                Err(error) => Some(Err(error)),
-            }
+    let config = WatchConfig::new(stall_bound).fields(format!("metadata.name={name}"));
+    let watch = WatchLoop::new(api, config, ());
+    // Every line the loop logs names the kind, as the app's watches do.
+    let span = tracing::info_span!("watch", kind = %K::kind(&K::DynamicType::default()));
+    futures::stream::unfold(watch, move |mut watch| {
+        let span = span.clone();
+        async move {
+            let event = watch.next().instrument(span).await;
+            Some((event, watch))
+        }
+    })
+    .filter_map(|event| {
+        std::future::ready(match event {
+            Event::Apply(object) | Event::Listed(object) => Some(Ok(Some(object))),
+            Event::Delete(_) => Some(Ok(None)),
+            Event::ListStart | Event::ListDone(_) | Event::Progress(_) => None,
         })
-        .boxed()
+    })
+    .boxed()
 }
 
 /// A 409 is a lost optimistic-concurrency race; anything else an API failure.

@@ -71,9 +71,6 @@ pub enum StoreError {
     /// every RetryPeriod; a persistent 403 means RBAC is missing.
     #[error("lease API request failed: {0}")]
     Api(#[source] Box<kube::Error>),
-    /// The watch of the lease failed. Retryable: the watch is restarted and polling continues.
-    #[error("lease watch failed: {0}")]
-    Watch(#[source] Box<kube::runtime::watcher::Error>),
     /// A failure injected by `MemoryLeaseStore` in tests. Retryable.
     #[cfg(any(test, feature = "test-util"))]
     #[error("injected failure")]

@@ -1,5 +1,7 @@
 //! Access to this replica's own LeaseCandidate.
 
+use std::time::Duration;
+
 use futures::{FutureExt, future::BoxFuture, stream::BoxStream};
 use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use kube::{
@@ -45,16 +47,20 @@ pub trait LeaseCandidateStore: Send + Sync + 'static {
 pub struct KubeLeaseCandidateStore {
     api: Api<LeaseCandidate>,
     name: String,
+    /// The stall bound of the candidate's watch.
+    stall_bound: Duration,
 }
 
 // === impl KubeLeaseCandidateStore ===
 
 impl KubeLeaseCandidateStore {
-    /// The LeaseCandidate `name` (the candidate's identity) in `namespace` (the Lease's).
-    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+    /// The LeaseCandidate `name` (the candidate's identity) in `namespace` (the Lease's); its
+    /// watch is stalled when silent for `stall_bound`.
+    pub fn new(client: Client, namespace: &str, name: &str, stall_bound: Duration) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
+            stall_bound,
         }
     }
 }
@@ -110,7 +116,7 @@ impl LeaseCandidateStore for KubeLeaseCandidateStore {
     }
 
     fn changes(&self) -> BoxStream<'static, Result<Option<LeaseCandidate>, StoreError>> {
-        watch_named(self.api.clone(), &self.name)
+        watch_named(self.api.clone(), &self.name, self.stall_bound)
     }
 }
 
