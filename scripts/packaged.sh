@@ -6,12 +6,15 @@
 # README's lines and example, and the examples, are shown to work with what crates.io would get.
 #
 # Offline: versions come from this workspace's Cargo.lock and the local registry cache (warm
-# once the workspace has been built). Its target folder is kept between runs
-# (${CARGO_TARGET_DIR:-target}/packaged), so a warm run only rebuilds the package and the crate.
+# once the workspace has been built). The outside crate's target folder is kept outside the
+# clone, keyed by toolchain (like the release and simulation builds), so a warm run only
+# rebuilds the package and the crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 target=${CARGO_TARGET_DIR:-$root/target}
+toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
+outside_target=${EXTERNAL_ENDPOINTS_PACKAGED_TARGET:-$HOME/.cache/external-endpoints/packaged-target/rust-$toolchain}
 readme=crates/leadership/README.md
 
 # A code block of the README: the first one opened by the fence line $1.
@@ -75,5 +78,5 @@ cp "$package"/examples/*.rs "$adopter/examples/"
 cp Cargo.lock rust-toolchain.toml "$adopter/"
 
 echo "==> building an outside crate on the package: README example + $(ls "$adopter/examples" | tr '\n' ' ')"
-(cd "$adopter" && CARGO_TARGET_DIR="$target/packaged" cargo build --offline --quiet --bins --examples)
+(cd "$adopter" && CARGO_TARGET_DIR="$outside_target" cargo build --offline --quiet --bins --examples)
 echo "packaged crate builds as an outside crate"
