@@ -37,6 +37,19 @@ impl CacheHealth {
         self.kinds.iter().all(|kind| kind.is_ready())
     }
 
+    /// Whether every cache has caught up since its watch last lost its stream
+    /// ([`KindHealth::is_caught_up`]).
+    pub fn is_caught_up(&self) -> bool {
+        self.kinds.iter().all(|kind| kind.is_caught_up())
+    }
+
+    /// Waits until [`CacheHealth::is_caught_up`].
+    pub(crate) async fn caught_up(&self) {
+        for kind in self.kinds.iter() {
+            kind.caught_up().await;
+        }
+    }
+
     /// Waits until every cache has its first complete list.
     pub(crate) async fn synced(&self) {
         for kind in self.kinds.iter() {

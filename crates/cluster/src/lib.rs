@@ -174,6 +174,7 @@ impl Controller {
             metrics: metrics.clone(),
             write_rate: WriteRate::new(config.write_qps),
             stale_limit: config.stale_limit,
+            health: health.clone(),
         });
         let app =
             App::new(shared, freshness, metrics.clone()).with_barrier(config.safeguards.barrier);

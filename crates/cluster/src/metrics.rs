@@ -61,17 +61,21 @@ pub enum Outcome {
     Conflict,
     /// An API call failed; retried with backoff.
     Error,
+    /// A watch had lost its stream and its cache had not yet caught up; nothing planned,
+    /// looked at again once it has.
+    CatchingUp,
 }
 
 #[cfg(test)]
 impl Outcome {
     /// Every outcome, in the order the docs list them.
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Ok,
         Outcome::Stale,
         Outcome::Fenced,
         Outcome::Conflict,
         Outcome::Error,
+        Outcome::CatchingUp,
     ];
 }
 

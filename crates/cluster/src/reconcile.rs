@@ -12,6 +12,7 @@ use tokio::time::Instant;
 pub use crate::handlers::TermState;
 use crate::{
     caches::Caches,
+    health::CacheHealth,
     events::Diagnostics,
     metrics::{Metrics, Outcome, OutcomeLabels},
     timing::{Began, Stage, Timing, Wait},
@@ -26,6 +27,10 @@ pub const CONFLICT_RETRY: Duration = Duration::from_millis(250);
 
 /// How soon a Service is looked at again when the lease is not safely held right now.
 pub const FENCED_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a reconcile waits for a cache whose watch lost its stream to catch up before it
+/// gives its worker back; the Service is then looked at again after as long.
+pub const CATCH_UP_WAIT: Duration = Duration::from_secs(1);
 
 /// What every reconcile shares.
 pub struct Shared<W> {
@@ -44,6 +49,9 @@ pub struct Shared<W> {
     /// How long a Service may wait on a cache that never catches up before the tracker's
     /// records for it are dropped (a safety valve; it should never be reached).
     pub stale_limit: Duration,
+    /// The caches' watches: nothing is planned while one has not caught up since it lost its
+    /// stream.
+    pub health: CacheHealth,
 }
 
 /// Why a reconcile failed (the queue retries it with backoff).
@@ -102,6 +110,8 @@ enum ReconcileOutcome {
     NotSafelyHeld,
     /// A slice changed since the cache showed it (409): plan again once the cache catches up.
     Conflict,
+    /// A watch lost its stream and its cache has not caught up: nothing planned, look again.
+    CatchingUp,
 }
 
 // === impl ReconcileOutcome ===
@@ -114,6 +124,7 @@ impl ReconcileOutcome {
             ReconcileOutcome::Stale => Outcome::Stale,
             ReconcileOutcome::TermEnded | ReconcileOutcome::NotSafelyHeld => Outcome::Fenced,
             ReconcileOutcome::Conflict => Outcome::Conflict,
+            ReconcileOutcome::CatchingUp => Outcome::CatchingUp,
         }
     }
 
@@ -122,7 +133,7 @@ impl ReconcileOutcome {
     fn wait(self) -> Option<Wait> {
         match self {
             ReconcileOutcome::Done | ReconcileOutcome::TermEnded => None,
-            ReconcileOutcome::Stale => Some(Wait::Stale),
+            ReconcileOutcome::Stale | ReconcileOutcome::CatchingUp => Some(Wait::Stale),
             ReconcileOutcome::NotSafelyHeld | ReconcileOutcome::Conflict => Some(Wait::Retry),
         }
     }
@@ -135,6 +146,7 @@ impl ReconcileOutcome {
             ReconcileOutcome::Stale => Action::RequeueAfter(STALE_RETRY),
             ReconcileOutcome::NotSafelyHeld => Action::RequeueAfter(FENCED_RETRY),
             ReconcileOutcome::Conflict => Action::RequeueAfter(CONFLICT_RETRY),
+            ReconcileOutcome::CatchingUp => Action::RequeueAfter(CATCH_UP_WAIT),
         }
     }
 }
@@ -146,6 +158,18 @@ async fn reconcile_inner<W: WriteApi>(
     began: &Began,
 ) -> Result<ReconcileOutcome, ReconcileError> {
     let state = context.state();
+    // A watch that lost its stream (an error, a stall, a 410) may have missed changes that
+    // another kind's watch already shows (a Service re-created after a workload's deletion
+    // the workload watch has not delivered): a plan from both could put back what is gone.
+    // So nothing is planned until every cache has caught up since its loss; the watch's next
+    // stream is a probe, whose bookmark comes about a second after it connects.
+    if !shared.health.is_caught_up() {
+        let caught_up = tokio::time::timeout(CATCH_UP_WAIT, shared.health.caught_up()).await;
+        if caught_up.is_err() {
+            tracing::debug!("a watch has not caught up since it lost its stream; looking again");
+            return Ok(ReconcileOutcome::CatchingUp);
+        }
+    }
     let planning = Instant::now();
     let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
         // Deleted: its slices go by garbage collection (owner reference).
@@ -285,6 +309,11 @@ mod tests {
                 ReconcileOutcome::Conflict,
                 Outcome::Conflict,
                 Action::RequeueAfter(CONFLICT_RETRY),
+            ),
+            (
+                ReconcileOutcome::CatchingUp,
+                Outcome::CatchingUp,
+                Action::RequeueAfter(CATCH_UP_WAIT),
             ),
         ];
         for (outcome, label, action) in cases {

@@ -65,8 +65,9 @@ pub enum Known {
     /// the API server's fence refuses it (and version preconditions refuse an update or delete
     /// of a slice the new holder has rewritten).
     InFlightAcrossChange,
-    /// (c): the writing replica had a watch silently stalled (not yet past the stall bound), so
-    /// it planned on a cache up to that bound old. (b): a replica created the Lease while its
+    /// (c): the writing replica had a watch silently stalled (not yet past the stall bound) when
+    /// it sent the write or when the write landed, so it planned on a cache up to that bound
+    /// old. (b): a replica created the Lease while its
     /// watches were stalled so, between two of its polls, a record created and deleted again
     /// (a short tenure of another replica, still acting) never reached it.
     StalledWatchWithinBound,
@@ -98,6 +99,9 @@ pub struct Sent {
     at: Instant,
     /// The slice an update or delete names (guarded by its version).
     guarded: Option<(String, String)>,
+    /// Whether the sender had a silently stalled stream open when it sent it (its plan may
+    /// come from a cache up to the stall bound old, even if the write lands after the stall).
+    stalled: bool,
 }
 
 /// How the checks judge leadership: the replicas' published terms, and the timings of a fence.
@@ -218,7 +222,12 @@ impl Checks {
 
     /// A slice write is being sent by a replica in `term`; `guarded` names the slice of an
     /// update or delete.
-    pub fn sending(&self, term: Option<u64>, guarded: Option<(String, String)>) -> Sent {
+    pub fn sending(
+        &self,
+        replica: usize,
+        term: Option<u64>,
+        guarded: Option<(String, String)>,
+    ) -> Sent {
         let state = self.state.lock();
         Sent {
             term,
@@ -229,6 +238,7 @@ impl Checks {
                 .is_some_and(|at| Instant::now() - at < self.judge.renew_deadline),
             at: Instant::now(),
             guarded,
+            stalled: state.stalled[replica],
         }
     }
 
@@ -589,7 +599,13 @@ impl Checks {
                 let sent = state.landing[replica].as_ref()?;
                 state.late(replica, sent)?.known
             });
-            let stalled = replica.is_some_and(|replica| state.stalled[replica]);
+            // Stalled when it lands, or when it was sent (a write held on the way).
+            let stalled = replica.is_some_and(|replica| {
+                state.stalled[replica]
+                    || state.landing[replica]
+                        .as_ref()
+                        .is_some_and(|sent| sent.stalled)
+            });
             let known = if orphan {
                 Some(Known::OwnerGone)
             } else {

@@ -334,7 +334,7 @@ where
         // holds it afterwards, as a request on the wire.
         let kind = Kind::of(&request);
         let sent = (kind == Kind::SliceWrite)
-            .then(|| checks.sending(link.term(), guarded_slice(&request)));
+            .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
         let write = request.method() != Method::GET;
         let exchange = async move {
             let on_the_wire = write.then(|| InFlight::new(&link));

@@ -38,9 +38,10 @@ use crate::{
     caches::Caches,
     events::Diagnostics,
     handlers::{self, ServiceDispatcher},
+    health::CacheHealth,
     metrics::{Metrics, Outcome, OutcomeLabels},
     reconcile::Shared,
-    watch::fresh::Freshness,
+    watch::{fresh::Freshness, health::KindHealth},
     writer::WriteRate,
 };
 
@@ -88,6 +89,10 @@ impl Core {
             metrics: Metrics::register(&mut Registry::default()),
             write_rate: WriteRate::unlimited(),
             stale_limit,
+            // Fed by hand: no watch ever loses its stream.
+            health: CacheHealth::new(["Service", "ExternalWorkload", "EndpointSlice"].map(
+                |kind| Arc::new(KindHealth::new(kind, Duration::from_secs(30)).0),
+            )),
         });
         // The production reconciler; its barrier covers no cache, as the test feeds the caches
         // itself (the barrier is tested in `watch::fresh` and by the simulation).

@@ -38,6 +38,9 @@ pub struct KindHealth {
     /// Requests made (see [`KindHealth::request`]) and the newest one the watch has answered.
     requested: AtomicU64,
     answered: watch::Sender<u64>,
+    /// The request made when the watch last lost its stream: until it is answered, the cache
+    /// may lag behind changes made since (see [`KindHealth::is_caught_up`]).
+    lost_at: AtomicU64,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -71,6 +74,7 @@ impl KindHealth {
             read_version: watch::Sender::new(0),
             requested: AtomicU64::new(0),
             answered: watch::Sender::new(0),
+            lost_at: AtomicU64::new(0),
             commands,
         };
         (health, receiver)
@@ -145,7 +149,32 @@ impl KindHealth {
         }
     }
 
+    /// Whether the cache has caught up since the watch last lost its stream (an error, a
+    /// stall, a 410): a stream or list started after the loss has shown it up to date. Until
+    /// then changes made meanwhile may be missing from it, while other kinds' watches may
+    /// already show them: a plan that reads this cache then could put back what was removed.
+    pub fn is_caught_up(&self) -> bool {
+        *self.answered.borrow() >= self.lost_at.load(Ordering::SeqCst)
+    }
+
+    /// Waits until [`KindHealth::is_caught_up`].
+    pub async fn caught_up(&self) {
+        let mut answered = self.answered.subscribe();
+        // The sender lives in `self`: the wait ends only by the value.
+        let _ = answered
+            .wait_for(|answered| *answered >= self.lost_at.load(Ordering::SeqCst))
+            .await;
+    }
+
     // --- reported by the watch task ---
+
+    /// The watch lost its stream: a request, answered by the next stream or list to show the
+    /// cache up to date (it starts after this call).
+    pub(super) fn lost(&self) {
+        let id = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.lost_at.fetch_max(id, Ordering::SeqCst);
+        tracing::debug!(kind = self.kind, "watch lost; planning waits until it catches up");
+    }
 
     /// The watch read something: an event, a bookmark, a list, a stream the server ended.
     pub(super) fn seen(&self, version: Option<u64>) {
@@ -254,6 +283,33 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(1), health.answered(id, u64::MAX))
             .await
             .expect("answered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_watch_is_caught_up_only_once_a_later_stream_answers() {
+        let (health, _commands) = KindHealth::new("Service", Duration::from_secs(30));
+        assert!(health.is_caught_up(), "never lost");
+        let barrier = health.request(Command::Probe);
+        health.lost();
+        health.answer(barrier);
+        assert!(
+            !health.is_caught_up(),
+            "a stream started before the loss does not answer it"
+        );
+        health.seen(Some(u64::MAX));
+        assert!(!health.is_caught_up(), "nor does a version read");
+        let waiting = async { health.caught_up().await };
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1), &mut waiting)
+                .await
+                .is_err()
+        );
+        health.answer(health.latest_request());
+        tokio::time::timeout(Duration::from_millis(1), &mut waiting)
+            .await
+            .expect("a stream started after the loss answered it");
+        assert!(health.is_caught_up());
     }
 
     #[test]

@@ -101,4 +101,8 @@ impl WatchHooks for Report {
     fn failed(&self) {
         self.counters.errors.inc();
     }
+
+    fn lost(&self) {
+        self.health.lost();
+    }
 }

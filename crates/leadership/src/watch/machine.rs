@@ -352,6 +352,7 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
     fn status(&mut self, status: &Status, listing: bool) {
         if status.code == 410 {
             tracing::info!(message = %status.message, "watch expired; re-listing");
+            self.lost();
             self.resume_from = None;
         } else if listing && self.streaming && matches!(status.code, 400 | 422 | 501) {
             tracing::info!(message = %status.message, "streaming list refused; using paged lists");
@@ -359,6 +360,7 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
             self.resume_from = None;
         } else {
             self.hooks.failed();
+            self.lost();
             // An API server that keeps answering with an error (etcd down) is not hammered.
             self.back_off = true;
             tracing::warn!(code = status.code, message = %status.message, "watch error; resuming after a backoff");
@@ -372,6 +374,7 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
     /// The stream (or the start of one, or a page) was silent past the stall bound.
     fn stalled(&mut self) {
         self.hooks.stalled();
+        self.lost();
         self.stalls_in_a_row += 1;
         let listing = match &self.state {
             State::Reading(open) => open.listing,
@@ -424,10 +427,18 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         }))
     }
 
+    /// The stream is lost: reported before the next stream or list starts, and the next watch is
+    /// a probe, so that whoever waits for the cache to catch up hears a bookmark soon.
+    fn lost(&mut self) {
+        self.hooks.lost();
+        self.probe = true;
+    }
+
     /// A request failed, or a stream with an error: list again after 410, else wait the
     /// backoff. A paged list goes on from the page that failed.
     async fn failed(&mut self, error: &kube::Error) {
         self.hooks.failed();
+        self.lost();
         if gone(error) {
             tracing::info!(%error, "watch expired; re-listing");
             self.pending.clear();

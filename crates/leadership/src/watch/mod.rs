@@ -127,6 +127,13 @@ pub trait WatchHooks: Send + 'static {
 
     /// A request or a stream failed (it is retried: after a backoff, or by a list after 410).
     fn failed(&self) {}
+
+    /// The loop lost its stream (a failure, a stall, a 410): changes made from now on reach it
+    /// only once a stream or list started after this call is read, and the cache may lag until
+    /// then. Called before that stream or list starts, so a request made here
+    /// ([`WatchHooks::latest_request`]) is answered by it. The next watch after a loss is a probe
+    /// ([`PROBE_TIMEOUT_SECONDS`]), so that its bookmark comes about a second after it starts.
+    fn lost(&self) {}
 }
 
 impl WatchHooks for () {}

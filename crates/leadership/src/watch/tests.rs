@@ -20,8 +20,9 @@ struct Case {
     script: &'static [Answer],
     events: &'static [&'static str],
     requests: &'static [&'static str],
-    /// (stalls, failures) reported to the hooks.
-    reported: (u32, u32),
+    /// (stalls, failures, losses) reported to the hooks; each loss makes a request (see
+    /// `Counts`), so the events show which stream or list answers it.
+    reported: (u32, u32, u32),
 }
 
 /// Runs `case` in paused time: reads as many events as it expects, then compares.
@@ -52,8 +53,13 @@ async fn run(case: &Case) {
     let reported = (
         counts.stalls.load(Ordering::SeqCst),
         counts.failures.load(Ordering::SeqCst),
+        counts.losses.load(Ordering::SeqCst),
     );
-    assert_eq!(reported, case.reported, "{}: (stalls, failures)", case.name);
+    assert_eq!(
+        reported, case.reported,
+        "{}: (stalls, failures, losses)",
+        case.name
+    );
 }
 
 use Answer::{Fail, Page, Silent, Stream};
@@ -77,55 +83,49 @@ const CASES: &[Case] = &[
             "apply a@10",
         ],
         requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "14.0 watch from=9 timeout=15"],
-        reported: (0, 0),
+        reported: (0, 0, 0),
     },
     Case {
         name: "a bookmark inside the initial events does not end the list",
         script: &[Stream(&[Added("a", 5), Mark(5), Added("b", 6), ListEnd(6), Hang])],
         events: &["list start", "listed a@5", "listed b@6", "list done at 6 answers 0"],
         requests: &["0.0 stream-list timeout=15"],
-        reported: (0, 0),
+        reported: (0, 0, 0),
     },
     Case {
         name: "a stream closed before its timeout resumes from the last version, with no progress",
         script: &[LISTED_A_ENDS, Stream(&[After(3)]), Stream(&[Modified("a", 6), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "apply a@6"],
         requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "3.0 watch from=5 timeout=15"],
-        reported: (0, 0),
+        reported: (0, 0, 0),
     },
     Case {
-        name: "410 inside the watch: list again at once",
+        name: "410 inside the watch is a loss: list again at once, and the list answers it",
         script: &[LISTED_A_ENDS, Stream(&[InStream(410)]), Stream(&[Added("b", 20), ListEnd(20), Hang])],
-        events: &[
-            "list start", "listed a@5", "list done at 5 answers 0",
-            "list start", "listed b@20", "list done at 20 answers 0",
-        ],
+        events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "listed b@20", "list done at 20 answers 1"],
         requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.0 stream-list timeout=15"],
-        reported: (0, 0),
+        reported: (0, 0, 1),
     },
     Case {
         name: "410 answering the watch request: list again at once, counted as a failure",
         script: &[LISTED_A_ENDS, Fail(410), Stream(&[ListEnd(20), Hang])],
-        events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "list done at 20 answers 0"],
+        events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "list done at 20 answers 1"],
         requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.0 stream-list timeout=15"],
-        reported: (0, 1),
+        reported: (0, 1, 1),
     },
     Case {
-        name: "a stalled watch resumes from its last version at the bound; stalled again, a paged LIST",
+        name: "a stalled watch is lost: it resumes from its last version at the bound as a probe; stalled again, a paged LIST answers both losses",
         script: &[LISTED_A, Silent, Page(&[("b", 8)], 9, None), Stream(&[Deleted("b", 10), Hang])],
-        events: &[
-            "list start", "listed a@5", "list done at 5 answers 0",
-            "list start", "listed b@8", "list done at 9 answers 0", "delete b@10",
-        ],
-        requests: &["0.0 stream-list timeout=15", "30.0 watch from=5 timeout=15", "60.0 list limit=500", "60.0 watch from=9 timeout=15"],
-        reported: (2, 0),
+        events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "listed b@8", "list done at 9 answers 2", "delete b@10"],
+        requests: &["0.0 stream-list timeout=15", "30.0 watch from=5 timeout=3", "60.0 list limit=500", "60.0 watch from=9 timeout=3"],
+        reported: (2, 0, 2),
     },
     Case {
         name: "a stall inside a streaming list re-lists with a paged LIST at once",
         script: &[Stream(&[Added("a", 5), Hang]), Page(&[("a", 5)], 6, None), Stream(&[Hang])],
-        events: &["list start", "listed a@5", "list start", "listed a@5", "list done at 6 answers 0"],
+        events: &["list start", "listed a@5", "list start", "listed a@5", "list done at 6 answers 1"],
         requests: &["0.0 stream-list timeout=15", "30.0 list limit=500"],
-        reported: (1, 0),
+        reported: (1, 0, 1),
     },
     Case {
         name: "a refused streaming list falls back to paged lists, page by page",
@@ -137,7 +137,7 @@ const CASES: &[Case] = &[
         ],
         events: &["list start", "listed a@3", "listed b@4", "list done at 9 answers 0", "apply b@10"],
         requests: &["0.0 stream-list timeout=15", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.0 watch from=9 timeout=15"],
-        reported: (0, 0),
+        reported: (0, 0, 0),
     },
     Case {
         name: "an expired continue token lists again from the first page",
@@ -149,57 +149,54 @@ const CASES: &[Case] = &[
         ],
         events: &["list start", "listed a@3", "list start", "listed a@3", "listed b@10", "list done at 11 answers 0"],
         requests: &["0.0 stream-list timeout=15", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.0 list limit=500"],
-        reported: (0, 0),
+        reported: (0, 0, 0),
     },
     Case {
         name: "a failed page is retried after the backoff from the same page",
         script: &[Fail(400), Page(&[("a", 3)], 9, Some("next")), Fail(503), Page(&[("b", 4)], 9, None)],
         events: &["list start", "listed a@3", "listed b@4", "list done at 9 answers 0"],
         requests: &["0.0 stream-list timeout=15", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.2 list limit=500 continue=next"],
-        reported: (0, 1),
+        reported: (0, 1, 1),
     },
     Case {
         name: "failing requests back off, doubling; an event resets the backoff",
         script: &[
             Fail(500), Fail(500), Fail(500), LISTED_A_ENDS,
         ],
-        events: &["list start", "list start", "list start", "list start", "listed a@5", "list done at 5 answers 0"],
+        events: &["list start", "list start", "list start", "list start", "listed a@5", "list done at 5 answers 3"],
         requests: &[
             "0.0 stream-list timeout=15", "0.2 stream-list timeout=15", "0.6 stream-list timeout=15",
             "1.4 stream-list timeout=15",
         ],
-        reported: (0, 3),
+        reported: (0, 3, 3),
     },
     Case {
         name: "after a reset the next failure waits the first delay again",
         script: &[Fail(500), Fail(500), LISTED_A_ENDS, Fail(503), Stream(&[Modified("a", 6), Hang])],
-        events: &["list start", "list start", "list start", "listed a@5", "list done at 5 answers 0", "apply a@6"],
-        requests: &[
-            "0.0 stream-list timeout=15", "0.2 stream-list timeout=15", "0.6 stream-list timeout=15",
-            "0.6 watch from=5 timeout=15", "0.8 watch from=5 timeout=15",
-        ],
-        reported: (0, 3),
+        events: &["list start", "list start", "list start", "listed a@5", "list done at 5 answers 2", "apply a@6"],
+        requests: &["0.0 stream-list timeout=15", "0.2 stream-list timeout=15", "0.6 stream-list timeout=15", "0.6 watch from=5 timeout=3", "0.8 watch from=5 timeout=3"],
+        reported: (0, 3, 3),
     },
     Case {
-        name: "an error status inside a watch resumes from the last version after the backoff",
+        name: "an error status inside a watch is a loss: it resumes from the last version after the backoff, as a probe",
         script: &[LISTED_A_ENDS, Stream(&[Modified("a", 6), InStream(500)]), Stream(&[Modified("a", 7), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "apply a@6", "apply a@7"],
-        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.2 watch from=6 timeout=15"],
-        reported: (0, 1),
+        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.2 watch from=6 timeout=3"],
+        reported: (0, 1, 1),
     },
     Case {
         name: "an error status inside a streaming list lists again after the backoff",
         script: &[Stream(&[Added("a", 5), InStream(500)]), Stream(&[Added("a", 5), ListEnd(6), Hang])],
-        events: &["list start", "listed a@5", "list start", "listed a@5", "list done at 6 answers 0"],
+        events: &["list start", "listed a@5", "list start", "listed a@5", "list done at 6 answers 1"],
         requests: &["0.0 stream-list timeout=15", "0.2 stream-list timeout=15"],
-        reported: (0, 1),
+        reported: (0, 1, 1),
     },
     Case {
         name: "a streaming list refused inside its stream falls back to paged lists",
         script: &[Stream(&[InStream(422)]), Page(&[("a", 3)], 4, None), Stream(&[Hang])],
         events: &["list start", "list start", "listed a@3", "list done at 4 answers 0"],
         requests: &["0.0 stream-list timeout=15", "0.0 list limit=500"],
-        reported: (0, 0),
+        reported: (0, 0, 0),
     },
 ];
 

@@ -197,6 +197,7 @@ pub(super) struct Counts {
     pub(super) pages: Arc<AtomicU32>,
     pub(super) stalls: Arc<AtomicU32>,
     pub(super) failures: Arc<AtomicU32>,
+    pub(super) losses: Arc<AtomicU32>,
     pub(super) latest_request: Arc<AtomicU64>,
 }
 
@@ -219,6 +220,13 @@ impl WatchHooks for Counts {
 
     fn failed(&self) {
         self.failures.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Makes a request, as an app waiting for its cache to catch up does: the stream or list
+    /// that answers it shows in the events' `answers`.
+    fn lost(&self) {
+        self.losses.fetch_add(1, Ordering::SeqCst);
+        self.latest_request.fetch_add(1, Ordering::SeqCst);
     }
 }
 
