@@ -175,6 +175,7 @@ impl Controller {
             write_rate: WriteRate::new(config.write_qps),
             stale_limit: config.stale_limit,
             health: health.clone(),
+            catch_up: config.safeguards.catch_up,
         });
         let app =
             App::new(shared, freshness, metrics.clone()).with_barrier(config.safeguards.barrier);

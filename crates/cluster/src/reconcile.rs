@@ -52,6 +52,8 @@ pub struct Shared<W> {
     /// The caches' watches: nothing is planned while one has not caught up since it lost its
     /// stream.
     pub health: CacheHealth,
+    /// `false` only in tests that switch the wait for a lost watch off ([`crate::Safeguards`]).
+    pub catch_up: bool,
 }
 
 /// Why a reconcile failed (the queue retries it with backoff).
@@ -163,7 +165,7 @@ async fn reconcile_inner<W: WriteApi>(
     // the workload watch has not delivered): a plan from both could put back what is gone.
     // So nothing is planned until every cache has caught up since its loss; the watch's next
     // stream is a probe, whose bookmark comes about a second after it connects.
-    if !shared.health.is_caught_up() {
+    if shared.catch_up && !shared.health.is_caught_up() {
         let caught_up = tokio::time::timeout(CATCH_UP_WAIT, shared.health.caught_up()).await;
         if caught_up.is_err() {
             tracing::debug!("a watch has not caught up since it lost its stream; looking again");

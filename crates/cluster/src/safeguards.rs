@@ -14,6 +14,9 @@ pub struct Safeguards {
     pub(crate) barrier: bool,
     /// Deletes carry the uid and resourceVersion the plan saw as preconditions.
     pub(crate) version_fenced_deletes: bool,
+    /// Nothing is planned while a watch that lost its stream has not caught up
+    /// (`watch::health::KindHealth::is_caught_up`).
+    pub(crate) catch_up: bool,
 }
 
 // === impl Safeguards ===
@@ -23,6 +26,7 @@ impl Default for Safeguards {
         Self {
             barrier: true,
             version_fenced_deletes: true,
+            catch_up: true,
         }
     }
 }
@@ -40,6 +44,13 @@ impl Safeguards {
     #[must_use]
     pub fn without_version_fenced_deletes(mut self) -> Self {
         self.version_fenced_deletes = false;
+        self
+    }
+
+    /// Reconciles plan while a watch that lost its stream catches up (tests only).
+    #[must_use]
+    pub fn without_catch_up(mut self) -> Self {
+        self.catch_up = false;
         self
     }
 }

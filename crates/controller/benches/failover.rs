@@ -402,6 +402,16 @@ async fn acquire(
         follower.wait_ready(Duration::from_secs(300)).await;
     }
     let target = if services >= 10_000 { "≤ 2 s" } else { "" };
+    let each: Vec<String> = checked.iter().map(|s| format!("{s:.3}")).collect();
+    let within = checked.iter().filter(|s| **s <= 2.0).count();
+    progress(
+        started,
+        format!(
+            "acquire {services}: acquired → all checked, every round: {} s; {within} of {} rounds ≤ 2 s",
+            each.join(", "),
+            checked.len(),
+        ),
+    );
     table.row(
         &format!("{services} Services: acquired → all checked, queue empty"),
         "s",

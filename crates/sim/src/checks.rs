@@ -139,8 +139,9 @@ struct State {
     workloads: BTreeMap<String, (String, BTreeMap<String, String>)>,
     /// (namespace, service, workload uid) whose removal was published → by whom, when.
     removed: BTreeMap<(String, String, String), String>,
-    /// (namespace, service) → workload uids ever seen in its slices.
-    ever_present: BTreeMap<(String, String), BTreeSet<String>>,
+    /// (namespace, service) → workload uids in its slices as the last replica's slice write left
+    /// them, with what others' edits added since.
+    present: BTreeMap<(String, String), BTreeSet<String>>,
     last_slice_write: Instant,
     slice_writes: u64,
     /// Lease writes by someone other than a replica (deletions, overwrites), and the last one.
@@ -186,7 +187,7 @@ impl Checks {
                 services: BTreeMap::new(),
                 workloads: BTreeMap::new(),
                 removed: BTreeMap::new(),
-                ever_present: BTreeMap::new(),
+                present: BTreeMap::new(),
                 last_slice_write: now,
                 slice_writes: 0,
                 forced: 0,
@@ -574,7 +575,7 @@ impl Checks {
             state.removed.remove(&entry);
         }
         state.removed.extend(newly_removed);
-        state.seen_in(namespace, service, &present);
+        state.seen_in(namespace, service, &present, replica.is_some());
         for (entry, published) in came_back {
             state.removed.remove(&entry);
             let now = match state.workloads.get(&entry.2) {
@@ -710,18 +711,36 @@ impl State {
     }
 
     /// Workloads ever seen in a Service's slices (the ones whose absence can be a removal).
+    /// The workloads in the Service's slices before the write being judged: only a write that
+    /// takes one out publishes its removal (a write that leaves alone an endpoint the Service's
+    /// slices never held, as the first write of a pass that puts it into another slice, does
+    /// not).
     fn candidates(&self, namespace: &str, service: &str) -> Vec<String> {
-        self.ever_present
+        self.present
             .get(&(namespace.to_string(), service.to_string()))
             .map(|uids| uids.iter().cloned().collect())
             .unwrap_or_default()
     }
 
-    fn seen_in(&mut self, namespace: &str, service: &str, present: &BTreeSet<String>) {
-        self.ever_present
+    /// Records what a slice write left in the Service's slices. Someone else's edit only adds:
+    /// an endpoint it took out stays a candidate, so the next replica write that leaves it out
+    /// publishes its removal.
+    fn seen_in(
+        &mut self,
+        namespace: &str,
+        service: &str,
+        present: &BTreeSet<String>,
+        by_replica: bool,
+    ) {
+        let entry = self
+            .present
             .entry((namespace.to_string(), service.to_string()))
-            .or_default()
-            .extend(present.iter().cloned());
+            .or_default();
+        if by_replica {
+            entry.clone_from(present);
+        } else {
+            entry.extend(present.iter().cloned());
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub enum Safeguard {
     FreshTracker,
     /// uid and resourceVersion preconditions on slice deletes.
     VersionFencedDeletes,
+    /// No plan while a watch that lost its stream has not caught up.
+    CatchUp,
 }
 
 /// Which protections a run has.
@@ -96,7 +98,7 @@ pub struct Report {
 
 impl Safeguard {
     /// Every safeguard, in table order.
-    pub const ALL: [Safeguard; 7] = [
+    pub const ALL: [Safeguard; 8] = [
         Safeguard::Fence,
         Safeguard::Barrier,
         Safeguard::Drain,
@@ -104,6 +106,7 @@ impl Safeguard {
         Safeguard::DeletedLeaseWait,
         Safeguard::FreshTracker,
         Safeguard::VersionFencedDeletes,
+        Safeguard::CatchUp,
     ];
 }
 

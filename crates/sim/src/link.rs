@@ -82,6 +82,10 @@ struct LinkState {
     /// Writes handed to the link that the API has neither applied nor refused yet.
     writes_in_flight: usize,
     leadership: Option<Leadership>,
+    /// The term the link last saw current, and the last term it saw end with the instant it
+    /// ended ([`Link::observe`]).
+    current_term: Option<u64>,
+    ended_term: Option<(u64, Instant)>,
     rng: Option<Rng>,
     /// Watch streams still open (not dropped by the replica).
     open: std::collections::BTreeSet<u64>,
@@ -121,6 +125,8 @@ impl Link {
     /// whether a stalled stream is open (set at each start).
     pub fn attach(&self, leadership: Leadership, checks: Arc<Checks>) {
         self.update(|state| {
+            state.current_term = leadership.borrow().as_ref().map(leadership::Term::id);
+            state.ended_term = None;
             state.leadership = Some(leadership);
             state.checks = Some(checks);
         });
@@ -230,11 +236,25 @@ impl Link {
         self.changed.send_modify(|generation| *generation += 1);
     }
 
-    /// The replica's term now, if it leads.
+    /// Takes note of a change of the replica's leadership. The replica's watcher calls it on
+    /// every change, in the instant of the change (paused time stands still while a task can
+    /// run), so a change first seen here by [`Link::term`] happened in the current instant.
+    pub fn observe(&self) {
+        self.state.lock().observe();
+    }
+
+    /// The replica's term for a write handed to the link now: the current one, or the one that
+    /// ended in this very instant. The writer's fence passed in the term; the runtime ended it
+    /// while the request went through the client's layers, as a request on the wire outlives
+    /// a term that ends after it was sent.
     fn term(&self) -> Option<u64> {
-        let state = self.state.lock();
-        let leadership = state.leadership.as_ref()?;
-        leadership.borrow().as_ref().map(leadership::Term::id)
+        let mut state = self.state.lock();
+        state.observe();
+        let now = Instant::now();
+        state.current_term.or(state
+            .ended_term
+            .filter(|(_, ended)| *ended == now)
+            .map(|(term, _)| term))
     }
 
     async fn unpaused(&self) {
@@ -280,6 +300,22 @@ impl Link {
 // === impl LinkState ===
 
 impl LinkState {
+    fn observe(&mut self) {
+        let Some(leadership) = self.leadership.as_mut() else {
+            return;
+        };
+        if !leadership.has_changed().unwrap_or(false) {
+            return;
+        }
+        let now = leadership.borrow_and_update().as_ref().map(leadership::Term::id);
+        if let Some(previous) = self.current_term
+            && now != Some(previous)
+        {
+            self.ended_term = Some((previous, Instant::now()));
+        }
+        self.current_term = now;
+    }
+
     /// Tells the checks whether a stream a fault silenced is still open.
     fn report_stalls(&self, replica: usize) {
         let stalled = self.open.iter().any(|id| *id < self.stalled_below);

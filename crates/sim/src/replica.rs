@@ -69,9 +69,11 @@ impl Replica {
             span,
         ));
         let watched = checks.clone();
+        let link = self.link.clone();
         let mut changes = leadership;
         let watcher = tokio::spawn(async move {
             while changes.changed().await.is_ok() {
+                link.observe();
                 watched.check_leaders();
             }
         });

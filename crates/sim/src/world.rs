@@ -231,6 +231,7 @@ impl World {
             Some(Safeguard::VersionFencedDeletes) => {
                 controller = controller.without_version_fenced_deletes();
             }
+            Some(Safeguard::CatchUp) => controller = controller.without_catch_up(),
             Some(Safeguard::StallBound) | None => {}
         }
         let stall_bound = if off == Some(Safeguard::StallBound) {

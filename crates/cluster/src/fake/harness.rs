@@ -93,6 +93,7 @@ impl Core {
             health: CacheHealth::new(["Service", "ExternalWorkload", "EndpointSlice"].map(
                 |kind| Arc::new(KindHealth::new(kind, Duration::from_secs(30)).0),
             )),
+            catch_up: true,
         });
         // The production reconciler; its barrier covers no cache, as the test feeds the caches
         // itself (the barrier is tested in `watch::fresh` and by the simulation).
