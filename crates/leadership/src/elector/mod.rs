@@ -99,7 +99,9 @@ impl LeaseElector {
     /// the API server behind `client`: its LeaseCandidate is named after the identity and lives
     /// in the Lease's namespace. Instead of taking a free or expired Lease, the elector publishes
     /// its LeaseCandidate and leads only when the election controller (KEP-4355) names it
-    /// holder; renewals, terms and fencing are unchanged.
+    /// holder; renewals, terms and fencing are unchanged. When the controller prefers another
+    /// holder, the leader makes way only if that candidate's versions are strictly older (a
+    /// preference among candidates of equal versions is random, and declined).
     pub fn coordinated_for_client(
         client: Client,
         config: LeaseConfig,
@@ -131,7 +133,8 @@ impl LeaseElector {
     /// controller when its `CoordinatedLeaderElection` feature gate and the
     /// `coordination.k8s.io/v1beta1` API are on): the elector publishes its LeaseCandidate
     /// through `candidates` and leads only when the election controller names it holder, instead
-    /// of taking a free or expired Lease; it makes way when another holder is preferred.
+    /// of taking a free or expired Lease; it makes way when another holder of strictly older
+    /// versions is preferred.
     /// Renewals, terms and fencing are unchanged.
     ///
     /// The identity names the LeaseCandidate, so it must be a valid name
