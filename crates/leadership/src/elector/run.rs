@@ -418,17 +418,17 @@ impl<S: LeaseStore> Candidate<S> {
         if self.mode != Mode::Coordinated {
             return None;
         }
-        let observed = self.observed.as_ref()?;
-        let decision = self.mode.decide(&observed.lease, self.config.identity());
+        let lease = self.observed.as_ref().map(|observed| &observed.lease);
+        let decision = lease.map(|lease| self.mode.decide(lease, self.config.identity()));
         let preference_changed =
-            coordinated::preferred_holder(&observed.lease) != previously_preferred;
+            lease.and_then(coordinated::preferred_holder) != previously_preferred;
         match (leading, decision) {
-            (true, Decision::OtherPreferred) if preference_changed => {
+            (true, Some(Decision::OtherPreferred)) if preference_changed => {
                 Some(Reaction::WeighPreference)
             }
             (true, _) => None,
-            (false, Decision::Claim | Decision::OtherPreferred) => Some(Reaction::AttemptNow),
-            (false, Decision::Wait) => Some(Reaction::Nothing),
+            (false, Some(Decision::Claim | Decision::OtherPreferred)) => Some(Reaction::AttemptNow),
+            (false, _) => Some(Reaction::Nothing),
         }
     }
 
@@ -469,9 +469,10 @@ impl<S: LeaseStore> Candidate<S> {
         }
     }
 
-    /// Coordinated mode: the election controller prefers an older holder, so stop leading, then
-    /// clear the holder (guarded by resourceVersion) so that the controller names the preferred
-    /// one at once instead of waiting for our record to expire. The term ends before the write.
+    /// Coordinated mode: we make way for the preferred holder ([`Weighed::Yield`]), so stop
+    /// leading, then clear the holder (guarded by resourceVersion) so that the controller names
+    /// the preferred one at once instead of waiting for our record to expire. The term ends
+    /// before the write.
     async fn yield_lease(&mut self, lease: Lease) {
         self.step_down(StepDown::Yielded);
         match self.store.replace(self.mode.release(lease)).await {
