@@ -294,6 +294,12 @@ impl Collector for LeadershipCollector {
         )?;
         counter(
             &mut encoder,
+            "leader_preferences_declined",
+            "Coordinated election: times the holder kept the Lease although the election controller preferred a candidate that is not older (same versions, newer, or gone); once per term and preferred candidate",
+            self.elector.preferences_declined(),
+        )?;
+        counter(
+            &mut encoder,
             "lease_renew_failures",
             "Lease renewals that failed",
             self.elector.renew_failures(),

@@ -5,7 +5,7 @@
 //! binary's `--coordinated-election` flag.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is the failure report
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use harness::{CONVERGE, Replica, eventually};
 use k8s_openapi::{
@@ -36,6 +36,10 @@ const ELECTED: Duration = Duration::from_secs(60);
 /// A window longer than two of the election controller's 5 s re-checks, for what must NOT
 /// happen (a newer candidate taking over): there is no event to wait for.
 const QUIET: Duration = Duration::from_secs(12);
+
+/// How long replicas of one version are watched at least for a swap of the Lease: many of the
+/// election controller's reconciles (one per renewal, every 2 s) and of its 5 s re-checks.
+const TIED: Duration = Duration::from_secs(20);
 
 /// This binary's control plane, with Coordinated Leader Election on.
 static PLANE: tokio::sync::OnceCell<Result<Testbed, String>> = tokio::sync::OnceCell::const_new();
@@ -215,6 +219,104 @@ async fn newer_leader_yields_when_an_older_version_joins() {
     assert_eq!(preferred(&record), None);
     old.release().await.unwrap();
     new.release().await.unwrap();
+}
+
+fn transitions(lease: &Option<Lease>) -> Option<i32> {
+    lease.as_ref()?.spec.as_ref()?.lease_transitions
+}
+
+/// Waits for the start of the next wall-clock second (plus a little), so that what is created
+/// right after shares one `creationTimestamp` second.
+async fn early_in_a_second() {
+    let into = Timestamp::now().subsec_nanosecond();
+    let rest = Duration::from_nanos((1_000_000_000 - into) as u64);
+    tokio::time::sleep(rest + Duration::from_millis(20)).await;
+}
+
+/// Issue 27: the election controller orders candidates of equal versions by `creationTimestamp`
+/// (seconds) and breaks a tie at random in each reconcile, setting `preferredHolder` to another
+/// replica; yielding to each such preference swapped the Lease again and again. The holder now
+/// declines a preference that does not follow from the versions.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_of_one_version_started_together_keep_the_first_holder() {
+    let Some(plane) = plane().await else { return };
+    let _logs = plane.log_guard();
+    let client = plane.client().await.unwrap();
+    let namespace = plane.fresh_namespace("cle-tie").await.unwrap();
+    early_in_a_second().await;
+    let names = ["tie-a", "tie-b", "tie-c"];
+    let replicas = names.map(|name| candidate(&client, &namespace, name, "1.0.0"));
+    let mut created = BTreeSet::new();
+    for name in names {
+        let published = wait_candidate(&client, &namespace, name).await;
+        let at = published.metadata.creation_timestamp.unwrap().0;
+        created.insert(at.as_second());
+    }
+
+    let (leader, term) = eventually("one replica leads", ELECTED, || async {
+        let leading = replicas
+            .iter()
+            .enumerate()
+            .find_map(|(index, replica)| current(replica).map(|term| (index, term)));
+        match leading {
+            Some(leading) => Ok(leading),
+            None => Err(format!(
+                "holder {:?}",
+                holder(&lease(&client, &namespace).await)
+            )),
+        }
+    })
+    .await;
+    let first = lease(&client, &namespace).await;
+    assert_eq!(holder(&first).as_deref(), Some(names[leader]));
+    let first_transitions = transitions(&first);
+
+    // At least TIED, and until the controller has preferred another replica once (else the tie
+    // was not exercised), within ELECTED more.
+    let mut preferred_others = BTreeSet::new();
+    let watched_from = Instant::now();
+    let (quiet_until, deadline) = (watched_from + TIED, watched_from + TIED + ELECTED);
+    let declined = || replicas[leader].metrics().preferences_declined();
+    while Instant::now() < quiet_until || declined() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the election controller never preferred another replica: the tie was not exercised"
+        );
+        let record = lease(&client, &namespace).await;
+        assert_eq!(
+            holder(&record).as_deref(),
+            Some(names[leader]),
+            "the Lease moved"
+        );
+        assert_eq!(transitions(&record), first_transitions, "a new term began");
+        assert_eq!(
+            current(&replicas[leader]),
+            Some(term.clone()),
+            "the term ended"
+        );
+        for (index, replica) in replicas.iter().enumerate() {
+            assert!(index == leader || current(replica).is_none(), "two lead");
+        }
+        if let Some(other) = preferred(&record).filter(|other| other != names[leader]) {
+            preferred_others.insert(other);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every term any of them began: the leader's one.
+    let acquisitions: u64 = replicas.iter().map(|r| r.metrics().acquisitions()).sum();
+    assert_eq!(acquisitions, 1, "terms begun by the three");
+    eprintln!(
+        "tie: candidates created in {} distinct second(s); over {:?} {} kept the Lease; the \
+         election controller preferred {preferred_others:?} (seen by polling), the holder \
+         declined {} preference(s)",
+        created.len(),
+        watched_from.elapsed(),
+        names[leader],
+        declined(),
+    );
+    for replica in replicas {
+        replica.release().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

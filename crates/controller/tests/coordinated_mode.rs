@@ -212,8 +212,8 @@ async fn newer_leader_makes_way_for_an_older_version_that_joins_and_no_change_is
     let finished = client.stop().await;
     finished.published(&mut world).await;
 
-    // Candidates of one version may have swapped the Lease before (docs/leader-election.md):
-    // the leader is the holder the controller asked to make way.
+    // The leader is the holder the controller asked to make way (read from the record rather
+    // than assumed: either replica of the newer version may have been named first).
     let leader = preferred.holder.clone().unwrap();
     // It cleared the holder itself (the controller would have waited for it to expire).
     let released = lease

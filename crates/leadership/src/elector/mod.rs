@@ -62,6 +62,7 @@ struct Counters {
     step_downs: AtomicU64,
     watch_stalls: AtomicU64,
     terms_given_up: AtomicU64,
+    preferences_declined: AtomicU64,
 }
 
 /// Why the elector stopped on its own.
@@ -98,7 +99,9 @@ impl LeaseElector {
     /// the API server behind `client`: its LeaseCandidate is named after the identity and lives
     /// in the Lease's namespace. Instead of taking a free or expired Lease, the elector publishes
     /// its LeaseCandidate and leads only when the election controller (KEP-4355) names it
-    /// holder; renewals, terms and fencing are unchanged.
+    /// holder; renewals, terms and fencing are unchanged. When the controller prefers another
+    /// holder, the leader makes way only if that candidate's versions are strictly older (a
+    /// preference among candidates of equal versions is random, and declined).
     pub fn coordinated_for_client(
         client: Client,
         config: LeaseConfig,
@@ -130,7 +133,8 @@ impl LeaseElector {
     /// controller when its `CoordinatedLeaderElection` feature gate and the
     /// `coordination.k8s.io/v1beta1` API are on): the elector publishes its LeaseCandidate
     /// through `candidates` and leads only when the election controller names it holder, instead
-    /// of taking a free or expired Lease; it makes way when another holder is preferred.
+    /// of taking a free or expired Lease; it makes way when another holder of strictly older
+    /// versions is preferred.
     /// Renewals, terms and fencing are unchanged.
     ///
     /// The identity names the LeaseCandidate, so it must be a valid name
@@ -172,19 +176,22 @@ impl LeaseElector {
             identity = %self.config.identity(),
         );
         let coordination = self.coordination.map(|coordination| {
-            coordinated::Publisher::new(&self.config, coordination.config, coordination.store)
+            // The publisher writes our LeaseCandidate; the elector reads the preferred one's.
+            let candidates: Arc<dyn LeaseCandidateStore> = Arc::from(coordination.store);
+            let versions = coordination.config.versions().clone();
+            let preferences =
+                coordinated::Preferences::new(versions, self.config.name(), candidates.clone());
+            let publisher =
+                coordinated::Publisher::new(&self.config, coordination.config, candidates);
+            (publisher, preferences)
         });
-        let mode = match coordination {
-            Some(_) => coordinated::Mode::Coordinated,
-            None => coordinated::Mode::Compete,
-        };
         let (give_up, terms_to_give_up) = mpsc::unbounded_channel();
         let candidate =
             run::Candidate::new(self.config, self.store, self.sender, self.metrics.clone())
-                .with_mode(mode)
                 .giving_up(terms_to_give_up);
         let task = match coordination {
-            Some(publisher) => {
+            Some((publisher, preferences)) => {
+                let candidate = candidate.coordinated(preferences);
                 tokio::spawn(coordinated::run(candidate, publisher, stop.clone()).instrument(span))
             }
             None => tokio::spawn(candidate.run(stop.clone()).instrument(span)),
@@ -230,6 +237,14 @@ impl ElectorMetrics {
     /// competing again.
     pub fn terms_given_up(&self) -> u64 {
         self.counters.terms_given_up.load(Ordering::Relaxed)
+    }
+
+    /// Coordinated mode: how many times the holder kept the Lease although the election
+    /// controller preferred another candidate that is not strictly older (the same versions, a
+    /// newer one, or one whose LeaseCandidate is gone); counted once per term and preferred
+    /// candidate.
+    pub fn preferences_declined(&self) -> u64 {
+        self.counters.preferences_declined.load(Ordering::Relaxed)
     }
 
     fn count(counter: &AtomicU64) {

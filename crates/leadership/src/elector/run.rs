@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::{
     ElectorError, ElectorMetrics,
     config::LeaseConfig,
-    coordinated::{self, Decision, Mode},
+    coordinated::{self, Decision, Mode, Preferences, Weighed},
     record::{self, Observed},
 };
 use crate::{
@@ -43,6 +43,8 @@ pub(super) struct Candidate<S> {
     /// Whether this candidate takes the lease itself or waits to be named by the API server's
     /// election controller (Coordinated Leader Election).
     mode: Mode,
+    /// Coordinated mode: weighs the controller's preference for another holder.
+    preferences: Option<Preferences>,
     /// Terms the app gives up ([`ElectorHandle::give_up`](super::ElectorHandle::give_up)).
     give_ups: Option<mpsc::UnboundedReceiver<u64>>,
     /// After giving a term up: until when this candidate takes no free lease, so that another
@@ -67,6 +69,9 @@ enum Reaction {
     /// While leading, the watch showed a record without us that may predate our last write:
     /// confirm with a read, step down if so (or if the read fails).
     ConfirmHolder,
+    /// Coordinated mode, while leading: the election controller now prefers another holder;
+    /// read that candidate and make way if it is strictly older.
+    WeighPreference,
 }
 
 /// Why the leader stops leading.
@@ -104,6 +109,7 @@ impl<S: LeaseStore> Candidate<S> {
             watch_caught_up: false,
             vanished_until: None,
             mode: Mode::Compete,
+            preferences: None,
             give_ups: None,
             holding_off_until: None,
         }
@@ -115,9 +121,11 @@ impl<S: LeaseStore> Candidate<S> {
         self
     }
 
-    /// Sets how this candidate becomes leader (see [`Mode`]).
-    pub(super) fn with_mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+    /// Switches to [`Mode::Coordinated`]: wait to be named holder, and weigh the election
+    /// controller's preferences for another holder with `preferences`.
+    pub(super) fn coordinated(mut self, preferences: Preferences) -> Self {
+        self.mode = Mode::Coordinated;
+        self.preferences = Some(preferences);
         self
     }
 
@@ -221,6 +229,14 @@ impl<S: LeaseStore> Candidate<S> {
                     self.step_down(StepDown::Unconfirmed);
                 }
             }
+            Reaction::WeighPreference => {
+                let started = Instant::now();
+                self.bounded(stop, started, |me| me.weigh_watched()).await;
+                if self.term.is_none() {
+                    // Yielded (or the write clearing the holder failed): look again now.
+                    *next_attempt = Instant::now();
+                }
+            }
         }
     }
 
@@ -313,7 +329,14 @@ impl<S: LeaseStore> Candidate<S> {
             }
             Decision::Claim => record::claim(lease, &self.config),
             Decision::Wait => return,
-            Decision::Yield => return self.yield_lease(lease).await,
+            Decision::OtherPreferred => match self.weigh_preference(&lease).await {
+                Weighed::Yield => return self.yield_lease(lease).await,
+                Weighed::Keep => coordinated::claim_named(lease, &self.config, self.term.is_none()),
+                // Neither renew nor yield: a failed renewal, retried at the next attempt. Safe
+                // both ways: while our record is valid the controller names nobody else, and if
+                // reads keep failing our term ends at RenewDeadline and the controller elects.
+                Weighed::Unread(error) => return self.failed(&error),
+            },
         };
         match self.store.replace(claimed).await {
             Ok(replaced) => self.renewed(replaced, started),
@@ -348,6 +371,11 @@ impl<S: LeaseStore> Candidate<S> {
             debug!("ignoring a watched lease record older than the one last read");
             return Reaction::Nothing;
         }
+        let previously_preferred = self
+            .observed
+            .as_ref()
+            .and_then(|observed| coordinated::preferred_holder(&observed.lease))
+            .map(str::to_owned);
         let version = lease
             .as_ref()
             .and_then(|lease| lease.metadata.resource_version.clone());
@@ -357,7 +385,7 @@ impl<S: LeaseStore> Candidate<S> {
         }
         self.observe(lease, now);
         let leading = self.term.is_some();
-        if let Some(reaction) = self.react_coordinated(leading) {
+        if let Some(reaction) = self.react_coordinated(leading, previously_preferred.as_deref()) {
             return reaction;
         }
         let holder = self.observed.as_ref().and_then(Observed::holder);
@@ -378,30 +406,73 @@ impl<S: LeaseStore> Candidate<S> {
 
     /// Coordinated mode: a candidate never takes a free or expired lease; it renews at once
     /// when the election controller names it (the controller's record is valid for only a few
-    /// seconds), and a leader yields at once when another holder is preferred. `None` leaves the
-    /// usual checks (another holder, no holder) to [`react`](Self::react).
-    fn react_coordinated(&mut self, leading: bool) -> Option<Reaction> {
+    /// seconds), and a leader weighs at once a preference for another holder that was not on
+    /// the record before (`previously_preferred`); one that stays is weighed again at each
+    /// renewal, so that our own renewals do not add reads. `None` leaves the usual checks
+    /// (another holder, no holder) to [`react`](Self::react).
+    fn react_coordinated(
+        &mut self,
+        leading: bool,
+        previously_preferred: Option<&str>,
+    ) -> Option<Reaction> {
         if self.mode != Mode::Coordinated {
             return None;
         }
-        let decision = self
-            .observed
-            .as_ref()
-            .map(|observed| self.mode.decide(&observed.lease, self.config.identity()));
+        let lease = self.observed.as_ref().map(|observed| &observed.lease);
+        let decision = lease.map(|lease| self.mode.decide(lease, self.config.identity()));
+        let preference_changed =
+            lease.and_then(coordinated::preferred_holder) != previously_preferred;
         match (leading, decision) {
-            (true, Some(Decision::Yield)) => {
-                self.step_down(StepDown::Yielded);
-                Some(Reaction::AttemptNow)
+            (true, Some(Decision::OtherPreferred)) if preference_changed => {
+                Some(Reaction::WeighPreference)
             }
             (true, _) => None,
-            (false, Some(Decision::Claim | Decision::Yield)) => Some(Reaction::AttemptNow),
+            (false, Some(Decision::Claim | Decision::OtherPreferred)) => Some(Reaction::AttemptNow),
             (false, _) => Some(Reaction::Nothing),
         }
     }
 
-    /// Coordinated mode: the election controller prefers another holder, so stop leading, then
-    /// clear the holder (guarded by resourceVersion) so that the controller names the preferred
-    /// one at once instead of waiting for our record to expire. The term ends before the write.
+    /// Coordinated mode: how to answer the preferred holder of `lease` (which names us); a
+    /// candidate without [`Preferences`] yields, as the controller asks.
+    async fn weigh_preference(&mut self, lease: &Lease) -> Weighed {
+        let Some(preferred) = coordinated::preferred_holder(lease) else {
+            return Weighed::Keep;
+        };
+        let term = self.term.as_ref().map(Term::id);
+        match self.preferences.as_mut() {
+            Some(preferences) => {
+                preferences
+                    .weigh(lease, preferred, term, &self.metrics)
+                    .await
+            }
+            None => Weighed::Yield,
+        }
+    }
+
+    /// Coordinated mode, leading: the watch showed a new preferred holder. Make way now if the
+    /// preference follows from the versions; otherwise keep leading (the next renewal weighs it
+    /// again).
+    async fn weigh_watched(&mut self) {
+        let Some(lease) = self
+            .observed
+            .as_ref()
+            .map(|observed| observed.lease.clone())
+        else {
+            return;
+        };
+        match self.weigh_preference(&lease).await {
+            Weighed::Yield => self.yield_lease(lease).await,
+            Weighed::Keep => {}
+            Weighed::Unread(error) => {
+                debug!(%error, "reading the preferred candidate failed; weighing it at the next renewal");
+            }
+        }
+    }
+
+    /// Coordinated mode: we make way for the preferred holder ([`Weighed::Yield`]), so stop
+    /// leading, then clear the holder (guarded by resourceVersion) so that the controller names
+    /// the preferred one at once instead of waiting for our record to expire. The term ends
+    /// before the write.
     async fn yield_lease(&mut self, lease: Lease) {
         self.step_down(StepDown::Yielded);
         match self.store.replace(self.mode.release(lease)).await {

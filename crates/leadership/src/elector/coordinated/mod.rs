@@ -12,19 +12,23 @@
 //!     │  oldest binary version, then the oldest candidate) when it has no holder or expired
 //!     └─ sets spec.preferredHolder when a better candidate joins
 //!  replica named holder ──renews the Lease (fenced terms as usual)──► leads
-//!  replica with preferredHolder ≠ itself ──ends its term, clears the holder──► controller names the other
+//!  replica with preferredHolder ≠ itself ──reads that LeaseCandidate──► strictly older versions?
+//!     ├─ yes: ends its term, clears the holder ──► controller names the other
+//!     └─ no (same versions, newer, gone): keeps renewing
 //! ```
 //!
 //! What stays the same as the competing elector: every Lease write is guarded by
 //! resourceVersion, a term starts only after a successful write of ours naming us, the renewal
 //! grace (RenewDeadline) and the prompt step-down on a record without us, and the [`Fence`].
 //! What changes: a candidate waits to be named (it never creates a missing Lease nor takes a free
-//! or expired one), and a leader asked to make way ends its term before clearing the holder.
+//! or expired one), and a leader asked to make way for an older version ends its term before
+//! clearing the holder (see [`preference`] for why a preference among equals is declined).
 //! On release (graceful shutdown) the LeaseCandidate is deleted first, so that the controller
 //! does not wait for this replica to answer a ping, then the Lease is released.
 //!
 //! [`Fence`]: crate::Fence
 
+mod preference;
 mod publisher;
 mod store;
 #[cfg(test)]
@@ -36,6 +40,7 @@ use k8s_openapi::{
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+pub(super) use self::preference::{CandidateVersions, Preferences, Weighed};
 pub(super) use self::publisher::Publisher;
 pub use self::store::{KubeLeaseCandidateStore, LeaseCandidateStore};
 use super::{ElectorError, config::LeaseConfig, record, run::Candidate};
@@ -53,6 +58,8 @@ pub const OLDEST_EMULATION_VERSION: &str = "OldestEmulationVersion";
 pub struct CandidateConfig {
     binary_version: String,
     emulation_version: String,
+    /// Both, parsed: compared with the candidate the election controller prefers.
+    versions: CandidateVersions,
 }
 
 /// Why a [`CandidateConfig`] cannot be built or used.
@@ -98,8 +105,9 @@ pub(in crate::elector) enum Decision {
     Claim,
     /// Leave it: the election controller has not named us.
     Wait,
-    /// It names us, but the election controller prefers another: make way.
-    Yield,
+    /// It names us, but the election controller prefers another: weigh the preference
+    /// ([`Preferences::weigh`]) and make way or keep it.
+    OtherPreferred,
 }
 
 /// The coordinated part of an elector, until it is spawned.
@@ -118,23 +126,16 @@ impl CandidateConfig {
         emulation_version: impl Into<String>,
     ) -> Result<Self, CandidateError> {
         let (binary_version, emulation_version) = (binary_version.into(), emulation_version.into());
-        let binary =
-            core_version(&binary_version).ok_or_else(|| CandidateError::InvalidVersion {
-                which: "binary",
-                version: binary_version.clone(),
-            })?;
-        let emulation =
-            core_version(&emulation_version).ok_or_else(|| CandidateError::InvalidVersion {
-                which: "emulation",
-                version: emulation_version.clone(),
-            })?;
-        if binary < emulation {
+        let binary = semantic_version("binary", &binary_version)?;
+        let emulation = semantic_version("emulation", &emulation_version)?;
+        if binary.cmp_precedence(&emulation).is_lt() {
             return Err(CandidateError::EmulationNewerThanBinary {
                 binary: binary_version,
                 emulation: emulation_version,
             });
         }
         Ok(Self {
+            versions: CandidateVersions::new(emulation, binary),
             binary_version,
             emulation_version,
         })
@@ -148,6 +149,11 @@ impl CandidateConfig {
     /// The version whose behaviour the binary keeps (the oldest one leads).
     pub fn emulation_version(&self) -> &str {
         &self.emulation_version
+    }
+
+    /// The versions, parsed.
+    pub(in crate::elector) fn versions(&self) -> &CandidateVersions {
+        &self.versions
     }
 
     /// Checks that `identity` can name this replica's LeaseCandidate (the election controller
@@ -172,13 +178,8 @@ impl Mode {
         if record::holder(lease) != Some(identity) {
             return Decision::Wait;
         }
-        let preferred = lease
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.preferred_holder.as_deref())
-            .filter(|preferred| !preferred.is_empty());
-        match preferred {
-            Some(preferred) if preferred != identity => Decision::Yield,
+        match preferred_holder(lease) {
+            Some(preferred) if preferred != identity => Decision::OtherPreferred,
             _ => Decision::Claim,
         }
     }
@@ -247,22 +248,22 @@ pub(in crate::elector) async fn run<S: LeaseStore>(
     elector.await
 }
 
-/// The numeric core of a semantic version (`1.2.3`, optionally `-pre` / `+build`), as the API
-/// server's validation requires: three numbers, no leading zeros.
-fn core_version(version: &str) -> Option<(u64, u64, u64)> {
-    let core = version.split(['-', '+']).next()?;
-    let rest = &version[core.len()..];
-    if rest.starts_with('+') && rest.len() == 1 || rest.starts_with('-') && rest.len() == 1 {
-        return None;
-    }
-    let mut numbers = core.split('.').map(|part| {
-        let valid = !part.is_empty()
-            && part.bytes().all(|b| b.is_ascii_digit())
-            && (part == "0" || !part.starts_with('0'));
-        valid.then(|| part.parse::<u64>().ok()).flatten()
-    });
-    let version = (numbers.next()??, numbers.next()??, numbers.next()??);
-    numbers.next().is_none().then_some(version)
+/// The `preferredHolder` of `lease`, if set and not empty.
+pub(in crate::elector) fn preferred_holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.preferred_holder.as_deref())
+        .filter(|preferred| !preferred.is_empty())
+}
+
+/// `version` as a semantic version (`1.2.3`, optionally `-pre` / `+build`), as the API server's
+/// validation requires: three numbers, no leading zeros.
+fn semantic_version(which: &'static str, version: &str) -> Result<semver::Version, CandidateError> {
+    semver::Version::parse(version).map_err(|_| CandidateError::InvalidVersion {
+        which,
+        version: version.to_owned(),
+    })
 }
 
 /// Whether `identity` can name a LeaseCandidate (the API server checks names as ConfigMap keys).

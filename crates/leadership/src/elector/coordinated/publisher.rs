@@ -8,7 +8,7 @@
 //! [`RENEW_INTERVAL`] (the controller forces an election when a candidate is older than 15
 //! minutes and garbage-collects it after 30).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
 use k8s_openapi::{
@@ -39,7 +39,7 @@ pub(in crate::elector) struct Publisher {
     namespace: String,
     lease_name: String,
     config: CandidateConfig,
-    store: Box<dyn LeaseCandidateStore>,
+    store: Arc<dyn LeaseCandidateStore>,
     /// Bound of the deletion on shutdown.
     delete_timeout: Duration,
 }
@@ -50,7 +50,7 @@ impl Publisher {
     pub(in crate::elector) fn new(
         lease: &LeaseConfig,
         config: CandidateConfig,
-        store: Box<dyn LeaseCandidateStore>,
+        store: Arc<dyn LeaseCandidateStore>,
     ) -> Self {
         Self {
             name: lease.identity().to_owned(),

@@ -1,4 +1,4 @@
-//! Access to this replica's own LeaseCandidate.
+//! Access to this replica's own LeaseCandidate, and reads of the others of its namespace.
 
 use std::time::Duration;
 
@@ -21,6 +21,13 @@ use crate::store::{
 pub trait LeaseCandidateStore: Send + Sync + 'static {
     /// Reads the candidate; `Ok(None)` when it does not exist.
     fn get(&self) -> BoxFuture<'_, Result<Option<LeaseCandidate>, StoreError>>;
+
+    /// Reads the LeaseCandidate `name` of the same namespace (another candidate: the one the
+    /// election controller prefers); `Ok(None)` when it does not exist.
+    fn get_named<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseCandidate>, StoreError>>;
 
     /// Creates the candidate; [`StoreError::Conflict`] when it already exists.
     fn create(
@@ -75,7 +82,14 @@ impl std::fmt::Debug for KubeLeaseCandidateStore {
 
 impl LeaseCandidateStore for KubeLeaseCandidateStore {
     fn get(&self) -> BoxFuture<'_, Result<Option<LeaseCandidate>, StoreError>> {
-        async move { self.api.get_opt(&self.name).await.map_err(api_error) }.boxed()
+        self.get_named(&self.name)
+    }
+
+    fn get_named<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseCandidate>, StoreError>> {
+        async move { self.api.get_opt(name).await.map_err(api_error) }.boxed()
     }
 
     fn create(
@@ -128,9 +142,12 @@ mod memory {
     //! An in-memory LeaseCandidate with the API server's concurrency rules, for paused-time
     //! tests. Clones share the object, as the election controller and the replica share it.
 
-    use std::sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
+    use std::{
+        collections::BTreeMap,
+        sync::{
+            Arc,
+            atomic::{AtomicBool, AtomicU64, Ordering},
+        },
     };
 
     use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
@@ -147,6 +164,10 @@ mod memory {
         next_version: Arc<AtomicU64>,
         /// Every successful write, in order (`None` for a delete).
         writes: Arc<Mutex<Vec<Option<LeaseCandidate>>>>,
+        /// The other candidates of the namespace, by name.
+        others: Arc<Mutex<BTreeMap<String, LeaseCandidate>>>,
+        /// Whether reads of the other candidates fail.
+        failing_reads: Arc<AtomicBool>,
     }
 
     impl MemoryLeaseCandidateStore {
@@ -155,7 +176,20 @@ mod memory {
                 object: Arc::new(watch::channel(None).0),
                 next_version: Arc::new(AtomicU64::new(1)),
                 writes: Arc::default(),
+                others: Arc::default(),
+                failing_reads: Arc::default(),
             }
+        }
+
+        /// Puts another candidate (named in its metadata) beside ours, or replaces it.
+        pub(in crate::elector) fn put_other(&self, candidate: LeaseCandidate) {
+            let name = candidate.metadata.name.clone().unwrap_or_default();
+            self.others.lock().insert(name, candidate);
+        }
+
+        /// Makes the reads of the other candidates fail (or succeed again).
+        pub(in crate::elector) fn fail_reads_of_others(&self, failing: bool) {
+            self.failing_reads.store(failing, Ordering::SeqCst);
         }
 
         pub(in crate::elector) fn current(&self) -> Option<LeaseCandidate> {
@@ -201,6 +235,22 @@ mod memory {
     impl LeaseCandidateStore for MemoryLeaseCandidateStore {
         fn get(&self) -> BoxFuture<'_, Result<Option<LeaseCandidate>, StoreError>> {
             async move { Ok(self.current()) }.boxed()
+        }
+
+        fn get_named<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> BoxFuture<'a, Result<Option<LeaseCandidate>, StoreError>> {
+            async move {
+                if self.failing_reads.load(Ordering::SeqCst) {
+                    return Err(StoreError::Injected);
+                }
+                let own = self
+                    .current()
+                    .filter(|own| own.metadata.name.as_deref() == Some(name));
+                Ok(own.or_else(|| self.others.lock().get(name).cloned()))
+            }
+            .boxed()
         }
 
         fn create(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::{
     api::coordination::{
         v1::{Lease, LeaseSpec},
-        v1beta1::LeaseCandidate,
+        v1beta1::{LeaseCandidate, LeaseCandidateSpec},
     },
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::{Timestamp, ToSpan},
@@ -56,6 +56,61 @@ fn elected(holder: Option<&str>, preferred: Option<&str>, renewed: Timestamp) ->
             ..LeaseSpec::default()
         }),
     }
+}
+
+/// Another candidate's LeaseCandidate for "lease", as its publisher writes it.
+fn other_candidate(name: &str, binary: &str, emulation: &str) -> LeaseCandidate {
+    LeaseCandidate {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..ObjectMeta::default()
+        },
+        spec: LeaseCandidateSpec {
+            lease_name: "lease".into(),
+            binary_version: binary.into(),
+            emulation_version: Some(emulation.into()),
+            strategy: OLDEST_EMULATION_VERSION.into(),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseCandidateSpec::default()
+        },
+    }
+}
+
+/// Marks the current Lease as the controller does when it prefers `preferred`, under `strategy`.
+fn prefer(leases: &MemoryLeaseStore, preferred: &str, strategy: &str) {
+    let mut marked = leases.current().unwrap();
+    let spec = marked.spec.as_mut().unwrap();
+    spec.preferred_holder = Some(preferred.into());
+    spec.strategy = Some(strategy.into());
+    leases.put(Some(marked));
+}
+
+/// `a` (binary 1.1.0, emulating 1.0.0, as [`coordinated`] builds it) named holder and leading.
+async fn a_leading(
+    leases: &MemoryLeaseStore,
+    candidates: &MemoryLeaseCandidateStore,
+) -> (ElectorHandle, Term) {
+    let a = coordinated(&leases.connect(), candidates, "a");
+    leases.put(Some(elected(Some("a"), None, Timestamp::now())));
+    let term = wait_leading(&a, true).await.unwrap();
+    (a, term)
+}
+
+/// Over a while (well past RenewDeadline), `a` keeps `term` and renews the Lease, which keeps
+/// naming it with the controller's preference left as it was.
+async fn keeps_leading(a: &ElectorHandle, term: &Term, leases: &MemoryLeaseStore, preferred: &str) {
+    let writes = leases.writes().len();
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(current(a).as_ref(), Some(term), "a kept its term");
+    let spec = spec(leases);
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    assert_eq!(spec.preferred_holder.as_deref(), Some(preferred));
+    assert_eq!(spec.lease_transitions, Some(1), "no new term");
+    assert!(
+        leases.writes().len() >= writes + 14,
+        "renewed every RetryPeriod"
+    );
 }
 
 fn spec(leases: &MemoryLeaseStore) -> LeaseSpec {
@@ -152,11 +207,11 @@ async fn named_candidate_renews_at_once_and_leads_fenced_terms() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn leader_yields_when_another_holder_is_preferred() {
+async fn leader_yields_when_a_strictly_older_candidate_is_preferred() {
     let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
-    let a = coordinated(&leases.connect(), &candidates, "a");
-    leases.put(Some(elected(Some("a"), None, Timestamp::now())));
-    let term = wait_leading(&a, true).await.unwrap();
+    let (a, term) = a_leading(&leases, &candidates).await;
+    // b emulates the same version but runs an older binary: the controller prefers it.
+    candidates.put_other(other_candidate("b", "1.0.0", "1.0.0"));
     let fence = Fence::new(
         term.clone(),
         a.leadership(),
@@ -166,9 +221,7 @@ async fn leader_yields_when_another_holder_is_preferred() {
     assert_eq!(fence.check(), Ok(()));
 
     // The controller marks the end of the term: a better candidate joined.
-    let mut marked = leases.current().unwrap();
-    marked.spec.as_mut().unwrap().preferred_holder = Some("b".into());
-    leases.put(Some(marked));
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
     wait_leading(&a, false).await;
     assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
 
@@ -188,11 +241,126 @@ async fn leader_yields_when_another_holder_is_preferred() {
     assert_eq!(spec.preferred_holder.as_deref(), Some("b"));
     assert_eq!(spec.strategy.as_deref(), Some(OLDEST_EMULATION_VERSION));
     assert_eq!(a.metrics().step_downs(), 0, "a yield is not a failure");
+    assert_eq!(a.metrics().preferences_declined(), 0);
 
     // The controller names b; a stays a follower.
     leases.put(Some(elected(Some("b"), None, Timestamp::now())));
     sleep(Duration::from_secs(30)).await;
     assert!(current(&a).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_keeps_the_lease_when_a_candidate_of_the_same_versions_is_preferred() {
+    // Issue 27: candidates of one version created in the same second tie in the controller's
+    // order, which it breaks at random in each reconcile; yielding to each swapped the Lease.
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let (a, term) = a_leading(&leases, &candidates).await;
+    candidates.put_other(other_candidate("b", "1.1.0", "1.0.0"));
+    candidates.put_other(other_candidate("c", "1.1.0", "1.0.0"));
+
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
+    keeps_leading(&a, &term, &leases, "b").await;
+    // Counted once per term and preferred candidate, not at each renewal.
+    assert_eq!(a.metrics().preferences_declined(), 1);
+
+    // The next reconcile breaks the tie another way: declined as well.
+    prefer(&leases, "c", OLDEST_EMULATION_VERSION);
+    keeps_leading(&a, &term, &leases, "c").await;
+    assert_eq!(a.metrics().preferences_declined(), 2);
+    assert_eq!(a.metrics().step_downs(), 0);
+    assert_eq!(a.metrics().renew_failures(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_keeps_the_lease_when_a_newer_candidate_is_preferred() {
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let (a, term) = a_leading(&leases, &candidates).await;
+    // Newer by emulation version (binary older than ours), then by binary version alone.
+    candidates.put_other(other_candidate("b", "1.0.5", "1.0.1"));
+    candidates.put_other(other_candidate("c", "1.2.0", "1.0.0"));
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
+    keeps_leading(&a, &term, &leases, "b").await;
+    prefer(&leases, "c", OLDEST_EMULATION_VERSION);
+    keeps_leading(&a, &term, &leases, "c").await;
+    assert_eq!(a.metrics().preferences_declined(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_keeps_the_lease_when_the_preferred_candidate_is_gone() {
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let (a, term) = a_leading(&leases, &candidates).await;
+    // No LeaseCandidate "b" (deleted on its shutdown, or garbage-collected): nobody to yield to.
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
+    keeps_leading(&a, &term, &leases, "b").await;
+    assert_eq!(a.metrics().preferences_declined(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_yields_under_a_strategy_it_does_not_know() {
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let (a, _) = a_leading(&leases, &candidates).await;
+    // Same versions, even: under another strategy whoever set the preference is the authority.
+    candidates.put_other(other_candidate("b", "1.1.0", "1.0.0"));
+    prefer(&leases, "b", "SomeThirdPartyStrategy");
+    wait_leading(&a, false).await;
+    timeout(PROMPTLY, async {
+        while spec(&leases).holder_identity.as_deref() != Some("") {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("holder cleared promptly");
+    assert_eq!(a.metrics().preferences_declined(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreadable_preferred_candidate_fails_the_renewal_and_is_weighed_again() {
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let (a, term) = a_leading(&leases, &candidates).await;
+    candidates.put_other(other_candidate("b", "1.0.0", "1.0.0"));
+    candidates.fail_reads_of_others(true);
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
+
+    // Neither yielded nor renewed: failed renewals within the grace of RenewDeadline (10 s).
+    let writes = leases.writes().len();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(current(&a), Some(term.clone()), "kept within RenewDeadline");
+    assert_eq!(spec(&leases).holder_identity.as_deref(), Some("a"));
+    assert_eq!(
+        leases.writes().len(),
+        writes,
+        "no renewal while the candidate is unread"
+    );
+    assert!(a.metrics().renew_failures() >= 2);
+
+    // Readable again: the next renewal weighs it and yields to the older candidate.
+    candidates.fail_reads_of_others(false);
+    sleep(Duration::from_secs(3)).await;
+    assert!(current(&a).is_none(), "yielded at the next renewal");
+    assert_eq!(spec(&leases).holder_identity.as_deref(), Some(""));
+    assert_eq!(a.metrics().step_downs(), 0, "a yield, not a lost lease");
+
+    // Never readable: the term ends at RenewDeadline, and the record expires for the controller.
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let (a, _) = a_leading(&leases, &candidates).await;
+    candidates.fail_reads_of_others(true);
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
+    sleep(Duration::from_secs(11)).await;
+    assert!(current(&a).is_none(), "stepped down at RenewDeadline");
+    assert_eq!(a.metrics().step_downs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn candidate_named_with_a_tied_preference_leads() {
+    // The controller may name a holder and prefer another of the same versions in one record
+    // (a reconcile between our renewals): the named one leads instead of clearing the holder.
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let a = coordinated(&leases.connect(), &candidates, "a");
+    candidates.put_other(other_candidate("b", "1.1.0", "1.0.0"));
+    sleep(Duration::from_secs(1)).await;
+    leases.put(Some(elected(Some("a"), Some("b"), Timestamp::now())));
+    let term = wait_leading(&a, true).await.unwrap();
+    keeps_leading(&a, &term, &leases, "b").await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -261,7 +429,12 @@ fn decisions_follow_holder_and_preferred_holder() {
         (Mode::Coordinated, Some("a"), None, Decision::Claim),
         (Mode::Coordinated, Some("a"), Some("a"), Decision::Claim),
         (Mode::Coordinated, Some("a"), Some(""), Decision::Claim),
-        (Mode::Coordinated, Some("a"), Some("b"), Decision::Yield),
+        (
+            Mode::Coordinated,
+            Some("a"),
+            Some("b"),
+            Decision::OtherPreferred,
+        ),
     ];
     for (mode, holder, preferred, expected) in cases {
         let lease = elected(holder, preferred, now);
