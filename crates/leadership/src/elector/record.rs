@@ -108,9 +108,20 @@ pub(crate) fn new_lease(config: &LeaseConfig) -> Lease {
 /// Takes or renews the lease we read, editing only the fields we own: fields we do not own
 /// (`preferredHolder`, `strategy`, labels, annotations, ...) and the resourceVersion that guards
 /// the write are kept as read.
-pub(crate) fn claim(mut lease: Lease, config: &LeaseConfig) -> Lease {
-    let now = MicroTime(Timestamp::now());
+pub(crate) fn claim(lease: Lease, config: &LeaseConfig) -> Lease {
     let taking_over = holder(&lease) != Some(config.identity());
+    claim_with(lease, config, taking_over)
+}
+
+/// Takes a lease that names us but was last written by an earlier process of ours (one that
+/// crashed and was restarted under the same identity): a new term, as a take-over, so that its
+/// acquireTime and leaseTransitions (the fencing token) differ from the earlier process's.
+pub(crate) fn claim_from_earlier_process(lease: Lease, config: &LeaseConfig) -> Lease {
+    claim_with(lease, config, true)
+}
+
+fn claim_with(mut lease: Lease, config: &LeaseConfig, taking_over: bool) -> Lease {
+    let now = MicroTime(Timestamp::now());
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if taking_over {
         spec.holder_identity = Some(config.identity().to_owned());

@@ -327,6 +327,9 @@ impl<S: LeaseStore> Candidate<S> {
             Decision::Claim if self.mode == Mode::Coordinated => {
                 coordinated::claim_named(lease, &self.config, self.term.is_none())
             }
+            Decision::Claim if self.named_by_earlier_process() => {
+                record::claim_from_earlier_process(lease, &self.config)
+            }
             Decision::Claim => record::claim(lease, &self.config),
             Decision::Wait => return,
             Decision::OtherPreferred => match self.weigh_preference(&lease).await {
@@ -562,10 +565,27 @@ impl<S: LeaseStore> Candidate<S> {
         self.vanished_until.is_some_and(|until| until > now)
     }
 
+    /// Whether someone else holds an unexpired lease. An earlier process of ours counts as
+    /// someone else (competing mode): a replica that crashed and was restarted under the same
+    /// identity (a container restarted in its pod) finds the Lease naming itself, while writes
+    /// the earlier process sent may still be on their way; it waits for the record to expire,
+    /// as any other replica would, rather than start a term at once beside them.
     fn held_by_other(&self, now: Instant) -> bool {
-        self.observed
-            .as_ref()
-            .is_some_and(|observed| observed.held_by_other(&self.config, now))
+        self.observed.as_ref().is_some_and(|observed| {
+            observed.held_by_other(&self.config, now)
+                || (self.named_by_earlier_process() && now < observed.expires_at(&self.config))
+        })
+    }
+
+    /// Whether the lease names us although this process has never written it (competing mode;
+    /// in coordinated mode the election controller names us, and that is how a term starts).
+    fn named_by_earlier_process(&self) -> bool {
+        self.mode == Mode::Compete
+            && self.written_version.is_none()
+            && self
+                .observed
+                .as_ref()
+                .is_some_and(|observed| observed.held_by(self.config.identity()))
     }
 
     /// A write of ours succeeded: `sent_at` (taken before the request) starts a new term or

@@ -376,6 +376,30 @@ async fn expiry_is_judged_by_local_observation_and_foreign_fields_are_kept() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_restarted_process_waits_for_the_lease_its_earlier_process_held_to_expire() {
+    // A replica crashed while leading and was restarted under the same identity: the Lease
+    // still names it, and writes of the earlier process may still be on their way. The new
+    // process takes the Lease as it would take anyone else's: once the record has not changed
+    // for LeaseDuration, as a take-over (a new acquireTime and leaseTransitions).
+    let store = MemoryLeaseStore::new();
+    store.put(Some(holder_lease("a", Timestamp::now())));
+    let started = Instant::now();
+    let a = candidate(&store.connect(), "a");
+    let leading = wait_leading(&a, true, LEASE_DURATION + RETRY).await;
+    assert!(
+        leading - started >= LEASE_DURATION,
+        "led {:?} after starting, before the earlier process's record expired",
+        leading - started
+    );
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+    assert_eq!(
+        spec(&store).lease_transitions,
+        Some(1),
+        "a new term of the same identity is a transition (a new fencing token)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() {
     let store = MemoryLeaseStore::new();
     store.put(Some(holder_lease("old", Timestamp::now())));
