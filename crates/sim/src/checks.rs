@@ -51,8 +51,9 @@ pub enum Known {
     /// overtake one another): its slice names an owner that no longer exists, and the garbage
     /// collector removes it.
     OwnerGone,
-    /// (b): a replica that started while the Lease was missing created it and led while the
-    /// holder of the deleted Lease (paused, cut off) still acted. A missing Lease looks the same
+    /// (b): a replica that started while the Lease was missing (or whose requests failed from
+    /// its start until then) created it and led while the holder of the deleted Lease (paused,
+    /// cut off) still acted. A missing Lease looks the same
     /// as one never made; the API server's fence refuses the old holder's writes.
     MissingLeaseAtStart,
     /// (a): someone other than a replica deleted or overwrote the Lease, and a write the holder
@@ -153,6 +154,10 @@ struct State {
     started_at: Vec<Instant>,
     /// When each replica last created the Lease.
     created_lease_at: Vec<Option<Instant>>,
+    /// Whether the replica's process has read a Lease record since it started (a GET answered
+    /// 200), and whether it had when it last created the Lease.
+    saw_lease: Vec<bool>,
+    created_unseen: Vec<bool>,
     /// Whether each replica has a watch stream open that a fault made silent.
     stalled: Vec<bool>,
     /// The tenure each replica last ended by releasing the Lease itself (a graceful stop).
@@ -195,6 +200,8 @@ impl Checks {
                 slice_history: BTreeMap::new(),
                 started_at: vec![now; count],
                 created_lease_at: vec![None; count],
+                saw_lease: vec![false; count],
+                created_unseen: vec![false; count],
                 stalled: vec![false; count],
                 released: vec![None; count],
                 landing: vec![None; count],
@@ -209,6 +216,12 @@ impl Checks {
         let mut state = self.state.lock();
         state.leaderships[replica] = Some(leadership);
         state.started_at[replica] = Instant::now();
+        state.saw_lease[replica] = false;
+    }
+
+    /// Replica `replica` read a Lease record (a GET of the Lease answered 200).
+    pub fn saw_lease(&self, replica: usize) {
+        self.state.lock().saw_lease[replica] = true;
     }
 
     /// Whether replica `replica` has a watch stream open that a fault made silent.
@@ -284,11 +297,14 @@ impl Checks {
             .collect();
         if acting.len() > 1 {
             // The documented gap: one of them began its term by creating a missing Lease soon
-            // after its process started.
+            // after its process started, or before it had read any record since it started
+            // (its requests failing until then): a missing Lease looks the same as one never
+            // made.
             let known = acting.iter().any(|(replica, term)| {
                 state.created_lease_at[*replica].is_some_and(|created| {
                     term.acquired_at() <= created
-                        && created - state.started_at[*replica] < self.judge.renew_deadline
+                        && (created - state.started_at[*replica] < self.judge.renew_deadline
+                            || state.created_unseen[*replica])
                 })
             });
             let names: Vec<String> = acting
@@ -353,6 +369,7 @@ impl Checks {
                         .position(|name| *name == applied.caller)
                 {
                     state.created_lease_at[replica] = Some(Instant::now());
+                    state.created_unseen[replica] = !state.saw_lease[replica];
                 }
                 let holder = applied
                     .new

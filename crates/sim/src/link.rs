@@ -97,6 +97,7 @@ struct LinkState {
 enum Kind {
     Watch,
     SliceWrite,
+    LeaseRead,
     Other,
 }
 
@@ -411,6 +412,9 @@ where
                 checks.slice_answered(link.replica, sent, applied);
             }
             let response = response?;
+            if kind == Kind::LeaseRead && response.status() == StatusCode::OK {
+                checks.saw_lease(link.replica);
+            }
             if applied && kind == Kind::SliceWrite {
                 let crash = std::mem::take(&mut link.state.lock().crash_after_write);
                 if crash {
@@ -477,6 +481,8 @@ impl Kind {
         );
         if write && uri.path().contains("/endpointslices") {
             Kind::SliceWrite
+        } else if *request.method() == Method::GET && uri.path().contains("/leases/") {
+            Kind::LeaseRead
         } else {
             Kind::Other
         }

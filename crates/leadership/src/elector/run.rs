@@ -40,6 +40,9 @@ pub(super) struct Candidate<S> {
     /// When the lease was deleted while another holder's term ran: when that term would have
     /// expired. Until then we do not re-create the lease (see [`Candidate::observe`]).
     vanished_until: Option<Instant>,
+    /// When the API server last showed us the lease (or its absence): a read, a write or a
+    /// watched event.
+    last_observed_at: Instant,
     /// Whether this candidate takes the lease itself or waits to be named by the API server's
     /// election controller (Coordinated Leader Election).
     mode: Mode,
@@ -108,6 +111,7 @@ impl<S: LeaseStore> Candidate<S> {
             written_version: None,
             watch_caught_up: false,
             vanished_until: None,
+            last_observed_at: Instant::now(),
             mode: Mode::Compete,
             preferences: None,
             give_ups: None,
@@ -514,9 +518,21 @@ impl<S: LeaseStore> Candidate<S> {
     /// before the deletion. So a candidate that sees the lease gone waits RenewDeadline from
     /// then before re-creating it, unless it leads and the record it last saw named it. The holder
     /// itself, told by its watch or its next poll, steps down and may re-create the lease at
-    /// once. A release (holder cleared, written by the holder) is still taken at once.
+    /// once. A release (holder cleared, written by the holder) is still taken at once. A
+    /// candidate that saw nothing for more than two RetryPeriods (its requests failing) and then
+    /// finds no lease waits as well: a record may have come and gone unseen.
     fn observe(&mut self, lease: Option<Lease>, now: Instant) {
+        // Blind for a while (our reads failing, a cut): someone may have created the lease,
+        // held it and had it deleted again without our seeing any of it (seed 1160).
+        let blind = now.saturating_duration_since(self.last_observed_at)
+            > 2 * self.config.timings().retry_period();
+        self.last_observed_at = now;
         match (&lease, &self.observed) {
+            (None, None) if self.config.waits_after_a_deleted_lease() && blind => {
+                // As after a deletion seen (below): whoever held a record we never saw has
+                // renewed it at the latest when it was deleted, before now.
+                self.vanished_until = Some(now + self.config.timings().renew_deadline());
+            }
             (None, Some(previous))
                 if self.config.waits_after_a_deleted_lease()
                     && (self.term.is_none()

@@ -400,6 +400,27 @@ async fn a_restarted_process_waits_for_the_lease_its_earlier_process_held_to_exp
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_candidate_blind_for_a_while_waits_renew_deadline_before_creating_a_missing_lease() {
+    // Its requests hung for 8 s (a cut): a Lease may have been created, held and deleted in
+    // that time without its seeing any of it, and that holder may still act for RenewDeadline
+    // after the deletion. So finding no Lease after being blind is treated as seeing it deleted.
+    let store = MemoryLeaseStore::new();
+    let connection = store.connect();
+    connection.blind(true);
+    connection.hang(true);
+    let a = candidate(&connection, "a");
+    sleep(Duration::from_secs(8)).await;
+    connection.hang(false);
+    let seen = Instant::now();
+    let leading = wait_leading(&a, true, RENEW_DEADLINE + RETRY * 2).await;
+    assert!(
+        leading - seen >= RENEW_DEADLINE,
+        "created the Lease {:?} after its first answer in 8 s",
+        leading - seen
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() {
     let store = MemoryLeaseStore::new();
     store.put(Some(holder_lease("old", Timestamp::now())));
