@@ -1,6 +1,7 @@
 //! The controller's part in the leadership runtime: the acquisition barrier, then a fresh
 //! per-term state, the replay of the caches, and the reconcile of one Service. The binary and
-//! the in-process harness both run this one implementation.
+//! the simulation (crates/sim, which builds the controller with [`crate::Controller::new`]) both
+//! run this one implementation.
 
 use std::sync::Arc;
 
@@ -28,8 +29,7 @@ pub struct App<W> {
 // === impl App ===
 
 impl<W> App<W> {
-    /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads (a harness
-    /// that feeds its caches by hand gives one over no cache).
+    /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads.
     pub fn new(shared: Arc<Shared<W>>, freshness: Freshness, metrics: Metrics) -> Self {
         Self {
             shared,

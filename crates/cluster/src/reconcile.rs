@@ -283,9 +283,6 @@ async fn reconcile_inner<W: WriteApi>(
 }
 
 #[cfg(test)]
-mod scenarios;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

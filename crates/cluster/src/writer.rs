@@ -32,8 +32,8 @@ use crate::{
     timing::{Stage, Timing},
 };
 
-/// The API calls the controller writes with. The Kubernetes implementation is [`KubeWrites`];
-/// tests substitute one that records calls and injects faults at exact points.
+/// The API calls the controller writes with. The implementation is [`KubeWrites`]; tests run it
+/// over the in-memory API server, with faults at exact calls (`test_api`).
 pub trait WriteApi: Send + Sync + 'static {
     /// Creates `slice` (which has a generateName) in `namespace`.
     fn create(
@@ -142,7 +142,7 @@ impl KubeWrites {
 
     /// Gives up on each call after `call_timeout` instead of [`CALL_TIMEOUT`].
     #[cfg(test)]
-    fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
+    pub(crate) fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
         self.call_timeout = call_timeout;
         self
     }

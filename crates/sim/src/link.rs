@@ -73,6 +73,16 @@ struct LinkState {
     lag: Duration,
     /// Streams with an id below this are silent for good.
     stalled_below: u64,
+    /// The resource (plural name) whose watch frames are held until released (scripted runs).
+    held: Option<String>,
+    /// The resource whose watch frames arrive this much later again (scripted runs).
+    lagging: Option<(String, Duration)>,
+    /// Frames read from the API and not yet delivered, over every open stream.
+    undelivered: usize,
+    /// Whether the answer to the next applied slice write is to be held (scripted runs).
+    hold_answer: bool,
+    /// Whether an applied slice write's answer is held now.
+    answer_held: bool,
     /// Streams with an id below this end (with an error when `broken`).
     ended_below: u64,
     next_stream: u64,
@@ -183,6 +193,45 @@ impl Link {
         self.update(|state| state.armed = Some(Armed::Pause));
     }
 
+    /// Watch frames of `resource` (a plural name, `endpointslices`), on open streams and on any
+    /// opened later, are held until [`Link::release_watches`]: a watch that does not show what
+    /// the API stored, then catches up in order.
+    pub fn hold_watches_of(&self, resource: &str) {
+        self.update(|state| state.held = Some(resource.to_string()));
+    }
+
+    /// Held watch frames go through.
+    pub fn release_watches(&self) {
+        self.update(|state| state.held = None);
+    }
+
+    /// Watch frames of `resource` read from now on arrive `lag` late (on top of [`Link::lag`]).
+    pub fn lag_watches_of(&self, resource: &str, lag: Duration) {
+        self.update(|state| state.lagging = Some((resource.to_string(), lag)));
+    }
+
+    /// Frames the API sent on watch streams that the replica has not received yet (held,
+    /// lagged, paused).
+    pub fn undelivered_frames(&self) -> usize {
+        self.state.lock().undelivered
+    }
+
+    /// The answer to the replica's next slice write that the API applies is held until
+    /// [`Link::release_answer`]: the write is stored, the writer still waits.
+    pub fn hold_next_answer(&self) {
+        self.update(|state| state.hold_answer = true);
+    }
+
+    /// Whether an applied slice write's answer is being held.
+    pub fn answer_held(&self) -> bool {
+        self.state.lock().answer_held
+    }
+
+    /// The held answer goes to the replica.
+    pub fn release_answer(&self) {
+        self.update(|state| state.answer_held = false);
+    }
+
     /// The cut ends.
     pub fn uncut(&self) {
         self.update(|state| state.cut = false);
@@ -203,6 +252,10 @@ impl Link {
             state.lag = Duration::ZERO;
             state.crash_after_write = false;
             state.armed = None;
+            state.held = None;
+            state.lagging = None;
+            state.hold_answer = false;
+            state.answer_held = false;
         });
     }
 
@@ -235,6 +288,15 @@ impl Link {
         let state = self.state.lock();
         let leadership = state.leadership.as_ref()?;
         leadership.borrow().as_ref().map(leadership::Term::id)
+    }
+
+    async fn answer_released(&self) {
+        let mut changed = self.changed.subscribe();
+        while self.state.lock().answer_held {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     async fn unpaused(&self) {
@@ -333,6 +395,7 @@ where
         // Attributed when handed to the link, right after the writer's fence check: a pause
         // holds it afterwards, as a request on the wire.
         let kind = Kind::of(&request);
+        let resource = (kind == Kind::Watch).then(|| resource_of(&request));
         let sent = (kind == Kind::SliceWrite)
             .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
         let write = request.method() != Method::GET;
@@ -382,12 +445,17 @@ where
                     // The process is gone: nobody reads this answer.
                     return std::future::pending().await;
                 }
+                let hold = std::mem::take(&mut link.state.lock().hold_answer);
+                if hold {
+                    link.update(|state| state.answer_held = true);
+                    link.answer_released().await;
+                }
             }
             let slow = link.state.lock().slow;
             if !slow.is_zero() {
                 tokio::time::sleep(slow).await;
             }
-            let stream = (kind == Kind::Watch).then(|| link.open_stream());
+            let stream = resource.map(|resource| (link.open_stream(), resource));
             Ok(response.map(|body| FaultBody::new(body, link, stream)))
         };
         if !write {
@@ -465,6 +533,17 @@ fn guarded_slice<T>(request: &Request<T>) -> Option<(String, String)> {
     }
 }
 
+/// The resource a request is about: the plural name in its path (`endpointslices`, `leases`).
+fn resource_of<T>(request: &Request<T>) -> String {
+    let parts: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
+    let plural = match parts.as_slice() {
+        [.., "namespaces", _, plural] | [.., "namespaces", _, plural, _] => plural,
+        [.., plural] => plural,
+        [] => "",
+    };
+    (*plural).to_string()
+}
+
 fn unavailable<B>() -> Response<FaultBody<B>> {
     let status = serde_json::json!({
         "kind": "Status",
@@ -489,8 +568,8 @@ fn unavailable<B>() -> Response<FaultBody<B>> {
 pub struct FaultBody<B> {
     inner: Option<B>,
     link: Option<Arc<Link>>,
-    /// The stream's id, for a watch.
-    stream: Option<u64>,
+    /// The stream's id and resource, for a watch.
+    stream: Option<(u64, String)>,
     /// Frames read from the API, with the instant each may be delivered.
     queue: VecDeque<(Instant, Frame<Bytes>)>,
     inner_done: bool,
@@ -502,8 +581,9 @@ pub struct FaultBody<B> {
 
 impl<B> Drop for FaultBody<B> {
     fn drop(&mut self) {
-        if let (Some(link), Some(stream)) = (&self.link, self.stream) {
-            link.close_stream(stream);
+        if let (Some(link), Some((stream, _))) = (&self.link, &self.stream) {
+            link.state.lock().undelivered -= self.queue.len();
+            link.close_stream(*stream);
         }
     }
 }
@@ -511,7 +591,7 @@ impl<B> Drop for FaultBody<B> {
 // === impl FaultBody ===
 
 impl<B> FaultBody<B> {
-    fn new(inner: B, link: Arc<Link>, stream: Option<u64>) -> Self {
+    fn new(inner: B, link: Arc<Link>, stream: Option<(u64, String)>) -> Self {
         Self {
             inner: Some(inner),
             link: Some(link),
@@ -572,7 +652,7 @@ where
         let (Some(_), Some(link)) = (this.inner.as_ref(), this.link.clone()) else {
             return Poll::Ready(None);
         };
-        let Some(stream) = this.stream else {
+        let Some(stream) = this.stream.as_ref().map(|(id, _)| *id) else {
             // Not a watch: the answer passes as it is.
             let Some(inner) = this.inner.as_mut() else {
                 return Poll::Ready(None);
@@ -582,12 +662,17 @@ where
         loop {
             let (paused, stalled, ended, cut, lag) = {
                 let state = link.state.lock();
+                let resource = this.stream.as_ref().map(|(_, resource)| resource.as_str());
+                let lag = match &state.lagging {
+                    Some((lagging, lag)) if Some(lagging.as_str()) == resource => state.lag + *lag,
+                    _ => state.lag,
+                };
                 (
-                    state.paused,
+                    state.paused || (state.held.is_some() && state.held.as_deref() == resource),
                     stream < state.stalled_below,
                     stream < state.ended_below,
                     state.cut,
-                    state.lag,
+                    lag,
                 )
             };
             if ended {
@@ -601,6 +686,7 @@ where
                 match Pin::new(inner).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         this.queue.push_back((Instant::now() + lag, frame));
+                        link.state.lock().undelivered += 1;
                     }
                     Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error.into()))),
                     Poll::Ready(None) => this.inner_done = true,
@@ -612,6 +698,7 @@ where
                     Some((at, _)) if *at <= Instant::now() => {
                         this.timer = None;
                         let frame = this.queue.pop_front().map(|(_, frame)| Ok(frame));
+                        link.state.lock().undelivered -= 1;
                         return Poll::Ready(frame);
                     }
                     Some((at, _)) => {
