@@ -13,13 +13,12 @@ use crate::{
     metrics::Metrics,
     reconcile::{ReconcileError, Shared, TermState, reconcile},
     watch::fresh::Freshness,
-    writer::WriteApi,
 };
 
 /// The slice reconciler behind the acquisition barrier: a term replays only once every cache
 /// has been shown at least as new as a version read from the API server after the acquisition.
-pub struct App<W> {
-    shared: Arc<Shared<W>>,
+pub struct App {
+    shared: Arc<Shared>,
     freshness: Arc<Freshness>,
     metrics: Metrics,
     /// `false` only in tests that switch the barrier off ([`crate::Safeguards`]).
@@ -28,9 +27,9 @@ pub struct App<W> {
 
 // === impl App ===
 
-impl<W> App<W> {
+impl App {
     /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads.
-    pub fn new(shared: Arc<Shared<W>>, freshness: Freshness, metrics: Metrics) -> Self {
+    pub fn new(shared: Arc<Shared>, freshness: Freshness, metrics: Metrics) -> Self {
         Self {
             shared,
             freshness: Arc::new(freshness),
@@ -46,7 +45,7 @@ impl<W> App<W> {
     }
 }
 
-impl<W: WriteApi> Reconciler for App<W> {
+impl Reconciler for App {
     type Key = ServiceKey;
     type TermState = TermState;
     type Error = ReconcileError;

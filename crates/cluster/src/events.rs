@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use slices::{CachedService, Diagnostic, ProblemKind, ServiceKey};
 use tokio::time::Instant;
 
-use crate::{metrics::Metrics, writer::WriteApi};
+use crate::{metrics::Metrics, writer::KubeWrites};
 
 /// How long an identical Event is held back after it was published.
 pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
@@ -60,9 +60,9 @@ struct PublishedAt {
 impl Diagnostics {
     /// Counts, logs and publishes (through `api`) `diagnostics` of `service`. Event failures are
     /// logged, never returned: an Event is a report, not part of the slices' correctness.
-    pub async fn report<W: WriteApi>(
+    pub async fn report(
         &self,
-        api: &W,
+        api: &KubeWrites,
         service: &CachedService,
         key: &ServiceKey,
         diagnostics: &[Diagnostic],
@@ -201,7 +201,7 @@ fn workload_reference(key: &ServiceKey, workload: &str) -> ObjectReference {
 
 #[cfg(test)]
 mod tests {
-    //! Publishing through the production writer to the in-memory API server: fenced like
+    //! Publishing through the writer to the in-memory API server: fenced like
     //! writes, deduplicated, retried after a failure ([`crate::test_api`]).
     #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 

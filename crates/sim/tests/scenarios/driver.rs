@@ -109,8 +109,7 @@ impl Scripted {
     /// The replica's current term, if it leads.
     pub fn term(&self) -> Option<u64> {
         let leadership = self.replica.leadership()?;
-        let term = leadership.borrow().as_ref().map(leadership::Term::id);
-        term
+        leadership.borrow().as_ref().map(leadership::Term::id)
     }
 
     /// Publishes a free Lease (the competing holder releases it), without waiting.
