@@ -113,7 +113,7 @@ impl Scripted {
     }
 
     /// Publishes a free Lease (the competing holder releases it), without waiting.
-    pub async fn release_lease(&self) {
+    async fn release_lease(&self) {
         self.edit_lease(|lease| {
             let spec = lease.spec.get_or_insert_default();
             spec.holder_identity = None;
@@ -124,7 +124,7 @@ impl Scripted {
     }
 
     /// The competing holder takes the Lease for an hour; the replica follows once it sees that.
-    pub async fn take_lease(&self) {
+    async fn take_lease(&self) {
         self.edit_lease(|lease| {
             let spec = lease.spec.get_or_insert_default();
             let now = MicroTime(Timestamp::now());
