@@ -1,6 +1,7 @@
 //! The controller's part in the leadership runtime: the acquisition barrier, then a fresh
 //! per-term state, the replay of the caches, and the reconcile of one Service. The binary and
-//! the in-process harness both run this one implementation.
+//! the simulation (crates/sim, which builds the controller with [`crate::Controller::new`]) both
+//! run this one implementation.
 
 use std::sync::Arc;
 
@@ -12,13 +13,12 @@ use crate::{
     metrics::Metrics,
     reconcile::{ReconcileError, Shared, TermState, reconcile},
     watch::fresh::Freshness,
-    writer::WriteApi,
 };
 
 /// The slice reconciler behind the acquisition barrier: a term replays only once every cache
 /// has been shown at least as new as a version read from the API server after the acquisition.
-pub struct App<W> {
-    shared: Arc<Shared<W>>,
+pub struct App {
+    shared: Arc<Shared>,
     freshness: Arc<Freshness>,
     metrics: Metrics,
     /// `false` only in tests that switch the barrier off ([`crate::Safeguards`]).
@@ -27,10 +27,9 @@ pub struct App<W> {
 
 // === impl App ===
 
-impl<W> App<W> {
-    /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads (a harness
-    /// that feeds its caches by hand gives one over no cache).
-    pub fn new(shared: Arc<Shared<W>>, freshness: Freshness, metrics: Metrics) -> Self {
+impl App {
+    /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads.
+    pub fn new(shared: Arc<Shared>, freshness: Freshness, metrics: Metrics) -> Self {
         Self {
             shared,
             freshness: Arc::new(freshness),
@@ -46,7 +45,7 @@ impl<W> App<W> {
     }
 }
 
-impl<W: WriteApi> Reconciler for App<W> {
+impl Reconciler for App {
     type Key = ServiceKey;
     type TermState = TermState;
     type Error = ReconcileError;

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use slices::{CachedService, Diagnostic, ProblemKind, ServiceKey};
 use tokio::time::Instant;
 
-use crate::{metrics::Metrics, writer::WriteApi};
+use crate::{metrics::Metrics, writer::KubeWrites};
 
 /// How long an identical Event is held back after it was published.
 pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
@@ -60,9 +60,9 @@ struct PublishedAt {
 impl Diagnostics {
     /// Counts, logs and publishes (through `api`) `diagnostics` of `service`. Event failures are
     /// logged, never returned: an Event is a report, not part of the slices' correctness.
-    pub async fn report<W: WriteApi>(
+    pub async fn report(
         &self,
-        api: &W,
+        api: &KubeWrites,
         service: &CachedService,
         key: &ServiceKey,
         diagnostics: &[Diagnostic],
@@ -201,15 +201,16 @@ fn workload_reference(key: &ServiceKey, workload: &str) -> ObjectReference {
 
 #[cfg(test)]
 mod tests {
-    //! Publishing through a fake [`WriteApi`]: fenced like writes, deduplicated, retried after
-    //! a failure.
+    //! Publishing through the writer to the in-memory API server: fenced like
+    //! writes, deduplicated, retried after a failure ([`crate::test_api`]).
     #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
     use prometheus_client::registry::Registry;
     use slices::{Problem, testing::Svc};
 
     use super::*;
-    use crate::fake::{FakeApi, TestTerm};
+    use crate::test_api::{TestApi, TestTerm};
 
     /// One Service whose two workloads lack its named port, reported through `diagnostics`.
     struct Reporting {
@@ -245,11 +246,11 @@ mod tests {
             }
         }
 
-        async fn report(&self, api: &FakeApi, term: &TestTerm) {
+        async fn report(&self, api: &TestApi, term: &TestTerm) {
             let (service, key) = (&self.service, &self.key);
             self.diagnostics
                 .report(
-                    api,
+                    &api.writes,
                     service,
                     key,
                     &self.problems,
@@ -273,7 +274,7 @@ mod tests {
         let reporting = Reporting::new();
         let ended = TestTerm::new();
         ended.end();
-        let api = FakeApi::default();
+        let api = TestApi::new();
         reporting.report(&api, &ended).await;
         assert!(api.calls().is_empty(), "no Event after the term ended");
         assert_eq!(reporting.counted(), 2, "both problems are still counted");
@@ -287,7 +288,7 @@ mod tests {
     async fn the_same_problem_is_published_once_per_repeat_period() {
         let reporting = Reporting::new();
         let term = TestTerm::new();
-        let api = FakeApi::default();
+        let api = TestApi::new();
         reporting.report(&api, &term).await;
         reporting.report(&api, &term).await;
         assert_eq!(api.calls(), [PUBLISHED; 2], "one per workload");
@@ -303,7 +304,7 @@ mod tests {
         let mut reporting = Reporting::new();
         reporting.diagnostics = Diagnostics::with_capacity(10);
         let term = TestTerm::new();
-        let api = FakeApi::default();
+        let api = TestApi::new();
         let problem = |workload: usize| Diagnostic {
             workload: format!("vm-{workload}"),
             problem: Problem::UnresolvedPort {
@@ -328,10 +329,16 @@ mod tests {
     async fn a_failed_event_is_published_again_on_the_next_pass() {
         let reporting = Reporting::new();
         let term = TestTerm::new();
-        let api = FakeApi::failing(&[(PUBLISHED, 500)]);
+        let api = TestApi::new().failing(&[(PUBLISHED, 500)]);
         reporting.report(&api, &term).await;
-        let api = FakeApi::default();
+        assert_eq!(api.calls(), [PUBLISHED; 2], "both tried, both failed");
+        api.heal(PUBLISHED);
         reporting.report(&api, &term).await;
-        assert_eq!(api.calls(), [PUBLISHED; 2]);
+        assert_eq!(
+            api.calls(),
+            [PUBLISHED; 4],
+            "both published on the next pass"
+        );
+        assert_eq!(api.server.objects::<K8sEvent>().len(), 2);
     }
 }

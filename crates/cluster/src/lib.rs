@@ -18,8 +18,6 @@
 mod app;
 mod caches;
 mod events;
-#[cfg(test)]
-mod fake;
 mod handlers;
 mod health;
 mod intern;
@@ -29,6 +27,8 @@ mod preview;
 mod reconcile;
 mod safeguards;
 mod store;
+#[cfg(test)]
+mod test_api;
 mod timing;
 mod watch;
 mod writer;
@@ -62,7 +62,9 @@ use crate::{
     },
     writer::{KubeWrites, WriteRate},
 };
-pub use crate::{health::CacheHealth, preview::plan_all, safeguards::Safeguards};
+pub use crate::{
+    health::CacheHealth, preview::plan_all, reconcile::STALE_RETRY, safeguards::Safeguards,
+};
 
 /// Everything the controller is configured with.
 #[derive(Clone, Debug)]

@@ -12,11 +12,11 @@ use tokio::time::Instant;
 pub use crate::handlers::TermState;
 use crate::{
     caches::Caches,
-    health::CacheHealth,
     events::Diagnostics,
+    health::CacheHealth,
     metrics::{Metrics, Outcome, OutcomeLabels},
     timing::{Began, Stage, Timing, Wait},
-    writer::{Pass, WriteApi, WriteError, WriteRate, write_plan},
+    writer::{KubeWrites, Pass, WriteError, WriteRate, write_plan},
 };
 
 /// How soon a Service is looked at again when the cache has not caught up with our writes.
@@ -33,13 +33,13 @@ pub const FENCED_RETRY: Duration = Duration::from_secs(1);
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(1);
 
 /// What every reconcile shares.
-pub struct Shared<W> {
+pub struct Shared {
     /// The caches.
     pub caches: Arc<Caches>,
     /// Planner configuration.
     pub config: slices::Config,
     /// The writer.
-    pub api: W,
+    pub api: KubeWrites,
     /// Events for unusable workload data.
     pub diagnostics: Diagnostics,
     /// Metrics.
@@ -65,10 +65,10 @@ pub enum ReconcileError {
 }
 
 /// Reconciles the Service `key` within the term of `context`.
-pub async fn reconcile<W: WriteApi>(
+pub async fn reconcile(
     key: ServiceKey,
     context: TermContext<ServiceKey, TermState>,
-    shared: Arc<Shared<W>>,
+    shared: Arc<Shared>,
 ) -> Result<Action, ReconcileError> {
     // The runtime runs this inside its `reconcile{key=ns/name term=N}` span.
     let started = Instant::now();
@@ -153,10 +153,10 @@ impl ReconcileOutcome {
     }
 }
 
-async fn reconcile_inner<W: WriteApi>(
+async fn reconcile_inner(
     key: &ServiceKey,
     context: &TermContext<ServiceKey, TermState>,
-    shared: &Shared<W>,
+    shared: &Shared,
     began: &Began,
 ) -> Result<ReconcileOutcome, ReconcileError> {
     let state = context.state();
@@ -283,9 +283,6 @@ async fn reconcile_inner<W: WriteApi>(
         Err(error) => Err(error.into()),
     }
 }
-
-#[cfg(test)]
-mod scenarios;
 
 #[cfg(test)]
 mod tests {

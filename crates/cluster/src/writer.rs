@@ -1,5 +1,5 @@
 //! The fenced writer: sends a plan's writes, checking the fence immediately before each call.
-//! Everything the controller writes to the API (slices and Events) goes through [`WriteApi`].
+//! Everything the controller writes to the API (slices and Events) goes through [`KubeWrites`].
 //!
 //! Order: creates, then updates, then deletes, so endpoints are never missing between two calls;
 //! no delete once a create or update of the same pass failed; NotFound on delete is success.
@@ -32,44 +32,14 @@ use crate::{
     timing::{Stage, Timing},
 };
 
-/// The API calls the controller writes with. The Kubernetes implementation is [`KubeWrites`];
-/// tests substitute one that records calls and injects faults at exact points.
-pub trait WriteApi: Send + Sync + 'static {
-    /// Creates `slice` (which has a generateName) in `namespace`.
-    fn create(
-        &self,
-        namespace: &str,
-        slice: &EndpointSlice,
-    ) -> impl Future<Output = Result<EndpointSlice, kube::Error>> + Send;
-    /// Replaces the slice of the same name, guarded by its resourceVersion.
-    fn replace(
-        &self,
-        namespace: &str,
-        slice: &EndpointSlice,
-    ) -> impl Future<Output = Result<EndpointSlice, kube::Error>> + Send;
-    /// Deletes the slice `name`, only while it still matches `preconditions` (its uid and
-    /// resourceVersion as the plan saw them); a mismatch is answered 409.
-    fn delete(
-        &self,
-        namespace: &str,
-        name: &str,
-        preconditions: &Preconditions,
-    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Publishes `event` about the object `regarding`.
-    fn publish_event(
-        &self,
-        event: &Event,
-        regarding: &ObjectReference,
-    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-}
-
 /// How long one API write may take before the writer gives up on it and the reconcile is
 /// retried with backoff. A write the API server never answers (its storage down, a response lost)
 /// would otherwise hold a worker until the client's read timeout (295 s); the server itself gives
 /// up on its storage after 60 s (`--request-timeout`).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// [`WriteApi`] through the Kubernetes API.
+/// The API calls the controller writes with, each bounded by the call timeout. Tests run it
+/// over the in-memory API server, with faults at exact calls (`test_api`).
 #[derive(Clone)]
 pub struct KubeWrites {
     client: Client,
@@ -142,7 +112,7 @@ impl KubeWrites {
 
     /// Gives up on each call after `call_timeout` instead of [`CALL_TIMEOUT`].
     #[cfg(test)]
-    fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
+    pub(crate) fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
         self.call_timeout = call_timeout;
         self
     }
@@ -166,8 +136,9 @@ impl KubeWrites {
     }
 }
 
-impl WriteApi for KubeWrites {
-    async fn create(
+impl KubeWrites {
+    /// Creates `slice` (which has a generateName) in `namespace`.
+    pub async fn create(
         &self,
         namespace: &str,
         slice: &EndpointSlice,
@@ -177,7 +148,8 @@ impl WriteApi for KubeWrites {
             .await
     }
 
-    async fn replace(
+    /// Replaces the slice of the same name, guarded by its resourceVersion.
+    pub async fn replace(
         &self,
         namespace: &str,
         slice: &EndpointSlice,
@@ -188,7 +160,9 @@ impl WriteApi for KubeWrites {
             .await
     }
 
-    async fn delete(
+    /// Deletes the slice `name`, only while it still matches `preconditions` (its uid and
+    /// resourceVersion as the plan saw them); a mismatch is answered 409.
+    pub async fn delete(
         &self,
         namespace: &str,
         name: &str,
@@ -202,7 +176,8 @@ impl WriteApi for KubeWrites {
         self.bounded(api.delete(name, &params)).await.map(|_| ())
     }
 
-    async fn publish_event(
+    /// Publishes `event` about the object `regarding`.
+    pub async fn publish_event(
         &self,
         event: &Event,
         regarding: &ObjectReference,
@@ -225,9 +200,9 @@ impl WriteError {
 }
 
 /// One pass of writes for one Service: where to send them and what to record.
-pub struct Pass<'a, W> {
+pub struct Pass<'a> {
     /// The API.
-    pub api: &'a W,
+    pub api: &'a KubeWrites,
     /// The Service.
     pub key: &'a ServiceKey,
     /// Checked immediately before each call.
@@ -297,10 +272,7 @@ impl WriteRate {
 ///
 /// Returns the first error after sending every create and update it could; deletes are skipped
 /// once anything failed. A fenced write stops the pass at once.
-pub async fn write_plan<W: WriteApi>(
-    pass: &Pass<'_, W>,
-    plan: &SlicePlan,
-) -> Result<Written, WriteError> {
+pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, WriteError> {
     let Pass {
         api,
         key,
@@ -337,7 +309,7 @@ pub async fn write_plan<W: WriteApi>(
                 &mut written.updated,
             ),
             Write::Delete(slice) => {
-                let deleted = delete(*api, key, slice, tracker, metrics, fence).await;
+                let deleted = delete(api, key, slice, tracker, metrics, fence).await;
                 metrics.timing.observe(Stage::write, sending.elapsed());
                 deleted?;
                 written.deleted += 1;
@@ -385,8 +357,8 @@ pub async fn write_plan<W: WriteApi>(
 /// term, arriving after the new leader rewrote the slice (same uid, newer version), is refused
 /// with 409 instead of removing the new leader's endpoints. A 409 is a [`WriteError::Conflict`]
 /// (re-plan), never a success: the slice is still there, perhaps with endpoints to keep.
-async fn delete<W: WriteApi>(
-    api: &W,
+async fn delete(
+    api: &KubeWrites,
     key: &ServiceKey,
     slice: &EndpointSlice,
     tracker: &Mutex<Tracker>,

@@ -21,6 +21,10 @@
 //! built with that flag (scripts/test.sh), and without it runs are equal in outcome but not
 //! always in the order of same-instant requests.
 //!
+//! The scripted scenarios (`tests/scenarios`) run the same replica and link with a fixed script
+//! instead of a seed: terms from a competing holder of the Lease, faults from the link's
+//! scripted switches (a held or lagging slice watch, a held answer).
+//!
 //! Replay one seed:
 //! `RUSTFLAGS="--cfg tokio_unstable" SIM_SEED=<seed> cargo test --release -p sim --test seeds -- replay --nocapture`
 //! (add `SIM_LOG=debug` for the controller's logs).

@@ -11,9 +11,6 @@
 //! instant it lands.
 
 use std::{
-    collections::VecDeque,
-    future::Future,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
@@ -22,16 +19,19 @@ use std::{
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http_body::Body;
 use leadership::Leadership;
 use parking_lot::Mutex;
 use tokio::{
     sync::{mpsc, watch},
-    time::{Instant, Sleep},
+    time::Instant,
 };
 use tower::{Service, ServiceExt};
 
+pub use self::body::FaultBody;
 use crate::{checks::Checks, rng::Rng};
+
+mod body;
 
 /// Errors crossing the link.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -73,6 +73,16 @@ struct LinkState {
     lag: Duration,
     /// Streams with an id below this are silent for good.
     stalled_below: u64,
+    /// The resource (plural name) whose watch frames are held until released (scripted runs).
+    held: Option<String>,
+    /// The resource whose watch frames arrive this much later again (scripted runs).
+    lagging: Option<(String, Duration)>,
+    /// Frames read from the API and not yet delivered, over every open stream.
+    undelivered: usize,
+    /// Whether the answer to the next applied slice write is to be held (scripted runs).
+    hold_answer: bool,
+    /// Whether an applied slice write's answer is held now.
+    answer_held: bool,
     /// Streams with an id below this end (with an error when `broken`).
     ended_below: u64,
     next_stream: u64,
@@ -190,6 +200,45 @@ impl Link {
         self.update(|state| state.armed = Some(Armed::Pause));
     }
 
+    /// Watch frames of `resource` (a plural name, `endpointslices`), on open streams and on any
+    /// opened later, are held until [`Link::release_watches`]: a watch that does not show what
+    /// the API stored, then catches up in order.
+    pub fn hold_watches_of(&self, resource: &str) {
+        self.update(|state| state.held = Some(resource.to_string()));
+    }
+
+    /// Held watch frames go through.
+    pub fn release_watches(&self) {
+        self.update(|state| state.held = None);
+    }
+
+    /// Watch frames of `resource` read from now on arrive `lag` late (on top of [`Link::lag`]).
+    pub fn lag_watches_of(&self, resource: &str, lag: Duration) {
+        self.update(|state| state.lagging = Some((resource.to_string(), lag)));
+    }
+
+    /// Frames the API sent on watch streams that the replica has not received yet (held,
+    /// lagged, paused).
+    pub fn undelivered_frames(&self) -> usize {
+        self.state.lock().undelivered
+    }
+
+    /// The answer to the replica's next slice write that the API applies is held until
+    /// [`Link::release_answer`]: the write is stored, the writer still waits.
+    pub fn hold_next_answer(&self) {
+        self.update(|state| state.hold_answer = true);
+    }
+
+    /// Whether an applied slice write's answer is being held.
+    pub fn answer_held(&self) -> bool {
+        self.state.lock().answer_held
+    }
+
+    /// The held answer goes to the replica.
+    pub fn release_answer(&self) {
+        self.update(|state| state.answer_held = false);
+    }
+
     /// The cut ends.
     pub fn uncut(&self) {
         self.update(|state| state.cut = false);
@@ -210,6 +259,10 @@ impl Link {
             state.lag = Duration::ZERO;
             state.crash_after_write = false;
             state.armed = None;
+            state.held = None;
+            state.lagging = None;
+            state.hold_answer = false;
+            state.answer_held = false;
         });
     }
 
@@ -256,6 +309,15 @@ impl Link {
             .ended_term
             .filter(|(_, ended)| *ended == now)
             .map(|(term, _)| term))
+    }
+
+    async fn answer_released(&self) {
+        let mut changed = self.changed.subscribe();
+        while self.state.lock().answer_held {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     async fn unpaused(&self) {
@@ -308,7 +370,10 @@ impl LinkState {
         if !leadership.has_changed().unwrap_or(false) {
             return;
         }
-        let now = leadership.borrow_and_update().as_ref().map(leadership::Term::id);
+        let now = leadership
+            .borrow_and_update()
+            .as_ref()
+            .map(leadership::Term::id);
         if let Some(previous) = self.current_term
             && now != Some(previous)
         {
@@ -370,6 +435,7 @@ where
         // Attributed when handed to the link, right after the writer's fence check: a pause
         // holds it afterwards, as a request on the wire.
         let kind = Kind::of(&request);
+        let resource = (kind == Kind::Watch).then(|| resource_of(&request));
         let sent = (kind == Kind::SliceWrite)
             .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
         let write = request.method() != Method::GET;
@@ -422,12 +488,17 @@ where
                     // The process is gone: nobody reads this answer.
                     return std::future::pending().await;
                 }
+                let hold = std::mem::take(&mut link.state.lock().hold_answer);
+                if hold {
+                    link.update(|state| state.answer_held = true);
+                    link.answer_released().await;
+                }
             }
             let slow = link.state.lock().slow;
             if !slow.is_zero() {
                 tokio::time::sleep(slow).await;
             }
-            let stream = (kind == Kind::Watch).then(|| link.open_stream());
+            let stream = resource.map(|resource| (link.open_stream(), resource));
             Ok(response.map(|body| FaultBody::new(body, link, stream)))
         };
         if !write {
@@ -507,6 +578,17 @@ fn guarded_slice<T>(request: &Request<T>) -> Option<(String, String)> {
     }
 }
 
+/// The resource a request is about: the plural name in its path (`endpointslices`, `leases`).
+fn resource_of<T>(request: &Request<T>) -> String {
+    let parts: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
+    let plural = match parts.as_slice() {
+        [.., "namespaces", _, plural] | [.., "namespaces", _, plural, _] => plural,
+        [.., plural] => plural,
+        [] => "",
+    };
+    (*plural).to_string()
+}
+
 fn unavailable<B>() -> Response<FaultBody<B>> {
     let status = serde_json::json!({
         "kind": "Status",
@@ -524,158 +606,4 @@ fn unavailable<B>() -> Response<FaultBody<B>> {
         http::HeaderValue::from_static("application/json"),
     );
     response
-}
-
-/// A response body seen through the link: watch frames lagged, held while paused, silent once
-/// stalled, cut off when the link breaks.
-pub struct FaultBody<B> {
-    inner: Option<B>,
-    link: Option<Arc<Link>>,
-    /// The stream's id, for a watch.
-    stream: Option<u64>,
-    /// Frames read from the API, with the instant each may be delivered.
-    queue: VecDeque<(Instant, Frame<Bytes>)>,
-    inner_done: bool,
-    timer: Option<Pin<Box<Sleep>>>,
-    changed: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-    /// A whole body made here (a simulated error answer).
-    full: Option<Bytes>,
-}
-
-impl<B> Drop for FaultBody<B> {
-    fn drop(&mut self) {
-        if let (Some(link), Some(stream)) = (&self.link, self.stream) {
-            link.close_stream(stream);
-        }
-    }
-}
-
-// === impl FaultBody ===
-
-impl<B> FaultBody<B> {
-    fn new(inner: B, link: Arc<Link>, stream: Option<u64>) -> Self {
-        Self {
-            inner: Some(inner),
-            link: Some(link),
-            stream,
-            queue: VecDeque::new(),
-            inner_done: false,
-            timer: None,
-            changed: None,
-            full: None,
-        }
-    }
-
-    fn full(bytes: Bytes) -> Self {
-        Self {
-            inner: None,
-            link: None,
-            stream: None,
-            queue: VecDeque::new(),
-            inner_done: true,
-            timer: None,
-            changed: None,
-            full: Some(bytes),
-        }
-    }
-
-    /// Registers for the next change of the link's faults; `true` if one already happened.
-    fn link_changed(&mut self, link: &Arc<Link>, cx: &mut Context<'_>) -> bool {
-        let changed = self.changed.get_or_insert_with(|| {
-            let mut receiver = link.changed.subscribe();
-            Box::pin(async move {
-                let _ = receiver.changed().await;
-            })
-        });
-        if changed.as_mut().poll(cx).is_ready() {
-            self.changed = None;
-            return true;
-        }
-        false
-    }
-}
-
-impl<B> Body for FaultBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let Some(full) = this.full.take() {
-            return Poll::Ready(Some(Ok(Frame::data(full))));
-        }
-        let (Some(_), Some(link)) = (this.inner.as_ref(), this.link.clone()) else {
-            return Poll::Ready(None);
-        };
-        let Some(stream) = this.stream else {
-            // Not a watch: the answer passes as it is.
-            let Some(inner) = this.inner.as_mut() else {
-                return Poll::Ready(None);
-            };
-            return Pin::new(inner).poll_frame(cx).map_err(Into::into);
-        };
-        loop {
-            let (paused, stalled, ended, cut, lag) = {
-                let state = link.state.lock();
-                (
-                    state.paused,
-                    stream < state.stalled_below,
-                    stream < state.ended_below,
-                    state.cut,
-                    state.lag,
-                )
-            };
-            if ended {
-                this.inner = None;
-                return Poll::Ready(cut.then(|| Err("connection reset (simulated)".into())));
-            }
-            while !this.inner_done {
-                let Some(inner) = this.inner.as_mut() else {
-                    return Poll::Ready(None);
-                };
-                match Pin::new(inner).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        this.queue.push_back((Instant::now() + lag, frame));
-                    }
-                    Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error.into()))),
-                    Poll::Ready(None) => this.inner_done = true,
-                    Poll::Pending => break,
-                }
-            }
-            if !(paused || stalled) {
-                match this.queue.front() {
-                    Some((at, _)) if *at <= Instant::now() => {
-                        this.timer = None;
-                        let frame = this.queue.pop_front().map(|(_, frame)| Ok(frame));
-                        return Poll::Ready(frame);
-                    }
-                    Some((at, _)) => {
-                        let at = *at;
-                        let timer = this
-                            .timer
-                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-                        if timer.deadline() != at {
-                            timer.as_mut().reset(at);
-                        }
-                        if timer.as_mut().poll(cx).is_ready() {
-                            continue;
-                        }
-                    }
-                    None if this.inner_done => return Poll::Ready(None),
-                    None => {}
-                }
-            }
-            if this.link_changed(&link, cx) {
-                continue;
-            }
-            return Poll::Pending;
-        }
-    }
 }

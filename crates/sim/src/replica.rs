@@ -1,17 +1,24 @@
 //! One controller replica of the simulation: the production `cluster::Controller`, built the
 //! way the binary builds it, with a `kube::Client` over its [`Link`] to the in-memory API.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use cluster::{Controller, ControllerConfig};
+use leadership::{Leadership, LeaseConfig, LeaseTimings, RuntimeConfig};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    Safeguard,
     checks::Checks,
     link::{Link, LinkService},
 };
+
+/// The Lease the replicas compete for.
+pub const LEASE_NAME: &str = "external-endpoints-write";
+/// Its namespace.
+pub const LEASE_NAMESPACE: &str = "default";
 
 /// A replica: its identity and link, and its process while it runs.
 pub struct Replica {
@@ -30,6 +37,9 @@ struct Process {
     run: JoinHandle<Result<(), cluster::Error>>,
     shutdown: CancellationToken,
     watcher: JoinHandle<()>,
+    leadership: Leadership,
+    /// The controller's metrics, as the binary serves them on `/metrics`.
+    registry: Registry,
 }
 
 // === impl Replica ===
@@ -58,7 +68,8 @@ impl Replica {
             checks.clone(),
         );
         let client = kube::Client::new(service, "default");
-        let controller = Controller::new(client, config, &mut Registry::default());
+        let mut registry = Registry::default();
+        let controller = Controller::new(client, config, &mut registry);
         let leadership = controller.leadership();
         self.link.attach(leadership.clone(), checks.clone());
         checks.attach(self.index, leadership.clone());
@@ -70,7 +81,7 @@ impl Replica {
         ));
         let watched = checks.clone();
         let link = self.link.clone();
-        let mut changes = leadership;
+        let mut changes = leadership.clone();
         let watcher = tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 link.observe();
@@ -81,7 +92,24 @@ impl Replica {
             run,
             shutdown,
             watcher,
+            leadership,
+            registry,
         });
+    }
+
+    /// The running process's leadership: `Some(term)` while it leads.
+    pub fn leadership(&self) -> Option<Leadership> {
+        Some(self.process.as_ref()?.leadership.clone())
+    }
+
+    /// The running process's metrics in the text format of `/metrics` (empty when none runs).
+    pub fn metrics(&self) -> String {
+        let mut text = String::new();
+        if let Some(process) = &self.process {
+            // Writing into a String cannot fail.
+            let _ = prometheus_client::encoding::text::encode(&mut text, &process.registry);
+        }
+        text
     }
 
     /// Kills the process at once (SIGKILL): nothing of it runs any more; requests it already
@@ -134,5 +162,64 @@ impl Replica {
             Ok(Err(error)) => Some(error.to_string()),
             Err(join) => Some(join.to_string()),
         }
+    }
+}
+
+/// The controller's configuration in the simulation for replica `identity`, with the
+/// protection `off` switched off: the binary's defaults but for the stall bound (30 s) and the
+/// stale limit (30 s).
+pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
+    let mut leadership = leadership::Safeguards::default();
+    let mut controller = cluster::Safeguards::default();
+    match off {
+        Some(Safeguard::Fence) => leadership = leadership.without_fence(),
+        Some(Safeguard::Drain) => leadership = leadership.without_drain(),
+        Some(Safeguard::FreshTracker) => leadership = leadership.without_fresh_state(),
+        Some(Safeguard::DeletedLeaseWait) => {
+            leadership = leadership.without_deleted_lease_wait();
+        }
+        Some(Safeguard::Barrier) => controller = controller.without_barrier(),
+        Some(Safeguard::VersionFencedDeletes) => {
+            controller = controller.without_version_fenced_deletes();
+        }
+        Some(Safeguard::CatchUp) => controller = controller.without_catch_up(),
+        Some(Safeguard::StallBound) | None => {}
+    }
+    let stall_bound = if off == Some(Safeguard::StallBound) {
+        Duration::from_secs(3_600)
+    } else {
+        Duration::from_secs(30)
+    };
+    #[allow(clippy::expect_used)] // constants of the simulation, valid by construction
+    let lease = LeaseConfig::new(
+        LEASE_NAME,
+        LEASE_NAMESPACE,
+        identity,
+        LeaseTimings::default(),
+    )
+    .expect("valid lease config")
+    .with_safeguards(leadership);
+    #[allow(clippy::expect_used)]
+    let runtime = RuntimeConfig::builder()
+        .safeguards(leadership)
+        .build()
+        .expect("valid runtime config");
+    ControllerConfig {
+        slices: slices::Config::default(),
+        lease,
+        coordinated: None,
+        runtime,
+        // Without a fresh tracker, the stale limit (a safety valve that should never be
+        // reached) would hide the stuck Service after 30 s: set out of reach to show what
+        // the fresh tracker alone prevents.
+        stale_limit: if off == Some(Safeguard::FreshTracker) {
+            Duration::from_secs(3_600)
+        } else {
+            Duration::from_secs(30)
+        },
+        namespace: None,
+        stall_bound,
+        write_qps: 500,
+        safeguards: controller,
     }
 }

@@ -13,7 +13,6 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use api::v1beta1::ExternalWorkload;
-use cluster::ControllerConfig;
 use k8s_openapi::{
     api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice},
     apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
@@ -23,7 +22,7 @@ use kube::{
     Api,
     api::{DeleteParams, PostParams},
 };
-use leadership::{LeaseConfig, LeaseTimings, RuntimeConfig};
+use leadership::{LeaseTimings, RuntimeConfig};
 use parking_lot::Mutex;
 use slices::{
     MANAGED_BY_LABEL,
@@ -35,7 +34,7 @@ use crate::{
     Report, Safeguard, Setup,
     checks::{Check, Checks, Judge},
     link::{AtWrite, Link},
-    replica::Replica,
+    replica::{self, LEASE_NAME, LEASE_NAMESPACE, Replica},
     rng::Rng,
     schedule::{
         APPS, Change, Fault, NAMESPACES, Options, SERVICES, Schedule, Step, Target, WorkloadSpec,
@@ -43,10 +42,6 @@ use crate::{
     },
 };
 
-/// The Lease the replicas compete for.
-const LEASE_NAME: &str = "external-endpoints-write";
-/// Its namespace.
-const LEASE_NAMESPACE: &str = "default";
 /// How far behind the Lease the API server's own fence reads (its informer's lag).
 const SERVER_FENCE_LAG: Duration = Duration::from_millis(50);
 /// How long after the faults stop every Service's slices must equal the plan.
@@ -216,65 +211,8 @@ impl World {
         }
     }
 
-    fn config(&self, identity: &str) -> ControllerConfig {
-        let off = self.off;
-        let mut leadership = leadership::Safeguards::default();
-        let mut controller = cluster::Safeguards::default();
-        match off {
-            Some(Safeguard::Fence) => leadership = leadership.without_fence(),
-            Some(Safeguard::Drain) => leadership = leadership.without_drain(),
-            Some(Safeguard::FreshTracker) => leadership = leadership.without_fresh_state(),
-            Some(Safeguard::DeletedLeaseWait) => {
-                leadership = leadership.without_deleted_lease_wait();
-            }
-            Some(Safeguard::Barrier) => controller = controller.without_barrier(),
-            Some(Safeguard::VersionFencedDeletes) => {
-                controller = controller.without_version_fenced_deletes();
-            }
-            Some(Safeguard::CatchUp) => controller = controller.without_catch_up(),
-            Some(Safeguard::StallBound) | None => {}
-        }
-        let stall_bound = if off == Some(Safeguard::StallBound) {
-            Duration::from_secs(3_600)
-        } else {
-            Duration::from_secs(30)
-        };
-        #[allow(clippy::expect_used)] // constants of the simulation, valid by construction
-        let lease = LeaseConfig::new(
-            LEASE_NAME,
-            LEASE_NAMESPACE,
-            identity,
-            LeaseTimings::default(),
-        )
-        .expect("valid lease config")
-        .with_safeguards(leadership);
-        #[allow(clippy::expect_used)]
-        let runtime = RuntimeConfig::builder()
-            .safeguards(leadership)
-            .build()
-            .expect("valid runtime config");
-        ControllerConfig {
-            slices: slices::Config::default(),
-            lease,
-            coordinated: None,
-            runtime,
-            // Without a fresh tracker, the stale limit (a safety valve that should never be
-            // reached) would hide the stuck Service after 30 s: set out of reach to show what
-            // the fresh tracker alone prevents.
-            stale_limit: if off == Some(Safeguard::FreshTracker) {
-                Duration::from_secs(3_600)
-            } else {
-                Duration::from_secs(30)
-            },
-            namespace: None,
-            stall_bound,
-            write_qps: 500,
-            safeguards: controller,
-        }
-    }
-
     fn start(&mut self, index: usize) {
-        let config = self.config(&self.replicas[index].identity);
+        let config = replica::config(&self.replicas[index].identity, self.off);
         let replica = &mut self.replicas[index];
         replica.link.heal();
         replica.start(&self.server, config, &self.checks);

@@ -31,7 +31,13 @@ fn finds_a_violation_without(off: Safeguard) {
 /// first failing one).
 fn finds_a_violation_within(off: Safeguard, seeds: u64) {
     let setup = Setup::without(off);
-    let result = sweep(1..=search(seeds), &Options::default(), setup, threads(), true);
+    let result = sweep(
+        1..=search(seeds),
+        &Options::default(),
+        setup,
+        threads(),
+        true,
+    );
     let first = result
         .failures
         .first()
@@ -87,10 +93,6 @@ fn without_version_fenced_deletes() {
     finds_a_violation_without(Safeguard::VersionFencedDeletes);
 }
 
-#[test]
-fn without_the_wait_for_a_lost_watch_to_catch_up() {
-    // Rare: it takes a watch losing its stream on the leader while another kind's watch
-    // delivers a change the plan combines with what the lost one missed (first found at seed
-    // 2,532 of a search from 1; the deployed regression seed 1806 in tests/regressions.rs).
-    finds_a_violation_within(Safeguard::CatchUp, 4_000);
-}
+// The wait for a lost watch to catch up (`Safeguard::CatchUp`) is shown by a scripted scenario
+// (tests/scenarios: `without_the_catch_up_wait_a_deleted_workload_is_put_back`): with the
+// checks as they are now, 4,000 seeds without it found no violation.

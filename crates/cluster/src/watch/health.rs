@@ -173,7 +173,10 @@ impl KindHealth {
     pub(super) fn lost(&self) {
         let id = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
         self.lost_at.fetch_max(id, Ordering::SeqCst);
-        tracing::debug!(kind = self.kind, "watch lost; planning waits until it catches up");
+        tracing::debug!(
+            kind = self.kind,
+            "watch lost; planning waits until it catches up"
+        );
     }
 
     /// The watch read something: an event, a bookmark, a list, a stream the server ended.

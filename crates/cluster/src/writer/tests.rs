@@ -1,5 +1,7 @@
-//! The write path against a fake [`WriteApi`] that fails or ends the term at exact calls, or
-//! that stands for an API server checking versions ([`SliceServer`]).
+//! The write path ([`KubeWrites`]) against the in-memory API server,
+//! which answers as the API server does (generated names, 409 on a stale version, 404 on a
+//! missing slice), with failures and the end of the term put at exact calls
+//! ([`crate::test_api`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -8,19 +10,16 @@ use slices::{CachedSlice, SERVICE_NAME_LABEL};
 
 use super::*;
 use crate::{
-    fake::{FakeApi, SliceServer, TestTerm},
     metrics::WriteLabels,
+    test_api::{TestApi, TestTerm},
 };
 
 const NAMESPACE: &str = "ns";
 
-/// The resourceVersion of every existing slice the plans of these tests were made from.
-const PLANNED_VERSION: &str = "7";
-
+/// A slice of Service `web`: to create (named by `generateName`) or named.
 fn slice(name: &str, generate_name: bool) -> EndpointSlice {
     let mut metadata = ObjectMeta {
         namespace: Some(NAMESPACE.into()),
-        uid: Some(format!("uid-{name}")),
         labels: Some([(SERVICE_NAME_LABEL.to_owned(), "web".to_owned())].into()),
         ..ObjectMeta::default()
     };
@@ -28,24 +27,37 @@ fn slice(name: &str, generate_name: bool) -> EndpointSlice {
         metadata.generate_name = Some(name.into());
     } else {
         metadata.name = Some(name.into());
-        metadata.resource_version = Some(PLANNED_VERSION.into());
     }
     EndpointSlice {
         metadata,
+        address_type: "IPv4".into(),
         ..EndpointSlice::default()
     }
 }
 
-fn cached(name: &str, generate_name: bool) -> CachedSlice {
-    CachedSlice::from(&slice(name, generate_name))
+/// A slice `name` that was never stored (its uid and version made up).
+fn never_stored(name: &str) -> EndpointSlice {
+    let mut slice = slice(name, false);
+    slice.metadata.uid = Some(format!("uid-{name}"));
+    slice.metadata.resource_version = Some("7".into());
+    slice
 }
 
-fn plan(creates: &[&str], updates: &[&str], deletes: &[&str]) -> SlicePlan {
-    let existing = |names: &[&str]| names.iter().map(|name| slice(name, false)).collect();
+/// Stores a slice for each of `names` and returns them as the plans of these tests saw them.
+async fn stored(api: &TestApi, names: &[&str]) -> Vec<EndpointSlice> {
+    let mut slices = Vec::new();
+    for name in names {
+        slices.push(api.store(&slice(name, false)).await);
+    }
+    slices
+}
+
+/// A plan that creates `creates` (by generateName) and updates and deletes existing slices.
+fn plan(creates: &[&str], updates: Vec<EndpointSlice>, deletes: Vec<EndpointSlice>) -> SlicePlan {
     SlicePlan {
         creates: creates.iter().map(|name| slice(name, true)).collect(),
-        updates: existing(updates),
-        deletes: existing(deletes),
+        updates,
+        deletes,
         diagnostics: Vec::new(),
     }
 }
@@ -71,10 +83,10 @@ impl Pass {
         }
     }
 
-    async fn write(&self, api: &impl WriteApi, plan: &SlicePlan) -> Result<Written, WriteError> {
+    async fn write(&self, api: &TestApi, plan: &SlicePlan) -> Result<Written, WriteError> {
         let key = ServiceKey::new(NAMESPACE, "web");
         let pass = super::Pass {
-            api,
+            api: &api.writes,
             key: &key,
             fence: &self.term.fence,
             tracker: &self.tracker,
@@ -84,13 +96,24 @@ impl Pass {
         };
         write_plan(&pass, plan).await
     }
+
+    fn expects_delete(&self, slice: &EndpointSlice) -> bool {
+        self.tracker
+            .lock()
+            .is_expected_delete(&CachedSlice::from(slice))
+    }
 }
 
 #[tokio::test]
 async fn writes_creates_then_updates_then_deletes_and_records_each() {
-    let api = FakeApi::default();
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-a", "web-b"]).await;
     let pass = Pass::new();
-    let plan = plan(&["web-"], &["web-a"], &["web-b"]);
+    let plan = plan(
+        &["web-"],
+        vec![existing[0].clone()],
+        vec![existing[1].clone()],
+    );
     let written = pass.write(&api, &plan).await.unwrap();
     assert_eq!(
         api.calls(),
@@ -102,24 +125,28 @@ async fn writes_creates_then_updates_then_deletes_and_records_each() {
         deleted: 1,
     };
     assert_eq!(written, expected);
+    let created = api
+        .slices(NAMESPACE)
+        .into_iter()
+        .find(|slice| slice.metadata.name.as_deref() != Some("web-a"))
+        .expect("the created slice");
     let tracker = pass.tracker.lock();
-    let mut created = slice("web-x1", false);
-    created.metadata.resource_version = Some("1".into());
     assert!(
         tracker.is_own_write(&CachedSlice::from(&created)),
         "create recorded"
     );
     assert!(
-        tracker.is_expected_delete(&cached("web-b", false)),
+        tracker.is_expected_delete(&CachedSlice::from(&existing[1])),
         "delete recorded"
     );
 }
 
 #[tokio::test]
 async fn failed_create_sends_the_updates_but_no_delete() {
-    let api = FakeApi::failing(&[("create web-", 500)]);
+    let api = TestApi::new().failing(&[("create web-", 500)]);
+    let existing = stored(&api, &["web-a", "web-b", "web-c"]).await;
     let pass = Pass::new();
-    let plan = plan(&["web-"], &["web-a"], &["web-b", "web-c"]);
+    let plan = plan(&["web-"], existing[..1].to_vec(), existing[1..].to_vec());
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(matches!(error, WriteError::Api { .. }), "{error:?}");
     assert_eq!(api.calls(), ["create web-", "replace web-a"]);
@@ -127,9 +154,12 @@ async fn failed_create_sends_the_updates_but_no_delete() {
 
 #[tokio::test]
 async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
-    let api = FakeApi::failing(&[("replace web-a", 409)]);
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-a", "web-b", "web-c"]).await;
+    // Someone replaces web-a after the plan saw it: the API refuses the stale update.
+    api.rewrite(&existing[0]).await;
     let pass = Pass::new();
-    let plan = plan(&[], &["web-a", "web-b"], &["web-c"]);
+    let plan = plan(&[], existing[..2].to_vec(), existing[2..].to_vec());
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(matches!(error, WriteError::Conflict { .. }), "{error:?}");
     assert_eq!(api.calls(), ["replace web-a", "replace web-b"]);
@@ -137,28 +167,35 @@ async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
 
 #[tokio::test]
 async fn delete_answered_not_found_counts_as_deleted() {
-    let api = FakeApi::failing(&[("delete web-a", 404)]);
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-b"]).await;
     let pass = Pass::new();
-    let written = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+    // web-a is gone already: the API answers 404.
+    let gone = never_stored("web-a");
+    let deletes = vec![gone.clone(), existing[0].clone()];
+    let written = pass.write(&api, &plan(&[], Vec::new(), deletes)).await;
     assert_eq!(written.unwrap().deleted, 2);
-    let tracker = pass.tracker.lock();
-    assert!(tracker.is_expected_delete(&cached("web-a", false)));
-    assert!(tracker.is_expected_delete(&cached("web-b", false)));
+    assert!(pass.expects_delete(&gone));
+    assert!(pass.expects_delete(&existing[0]));
 }
 
 #[tokio::test]
 async fn delete_answered_conflict_is_a_conflict_to_replan_not_a_delete() {
-    let api = FakeApi::failing(&[("delete web-a", 409)]);
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-a", "web-b"]).await;
+    // Someone replaces web-a after the plan saw it: its version no longer matches.
+    api.rewrite(&existing[0]).await;
     let pass = Pass::new();
-    let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+    let error = pass
+        .write(&api, &plan(&[], Vec::new(), existing.clone()))
+        .await;
     assert!(
         matches!(error, Err(WriteError::Conflict { .. })),
         "{error:?}"
     );
     assert_eq!(api.calls(), ["delete web-a"], "the pass stops there");
-    let tracker = pass.tracker.lock();
     assert!(
-        !tracker.is_expected_delete(&cached("web-a", false)),
+        !pass.expects_delete(&existing[0]),
         "the slice is still there: the cache must not wait for its delete"
     );
     let errors = pass.metrics.slice_write_errors.get_or_create(&WriteLabels {
@@ -169,41 +206,36 @@ async fn delete_answered_conflict_is_a_conflict_to_replan_not_a_delete() {
 
 #[tokio::test]
 async fn deletes_carry_the_uid_and_resource_version_the_plan_saw() {
-    let api = FakeApi::default();
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-a"]).await;
     let pass = Pass::new();
-    pass.write(&api, &plan(&[], &[], &["web-a"])).await.unwrap();
+    let plan = plan(&[], Vec::new(), existing.clone());
+    pass.write(&api, &plan).await.unwrap();
     let expected = Preconditions {
-        uid: Some("uid-web-a".into()),
-        resource_version: Some(PLANNED_VERSION.into()),
+        uid: existing[0].metadata.uid.clone(),
+        resource_version: existing[0].metadata.resource_version.clone(),
     };
+    assert!(expected.uid.is_some() && expected.resource_version.is_some());
     assert_eq!(api.delete_preconditions("web-a"), [expected]);
 }
 
 #[tokio::test]
 async fn late_delete_of_an_ended_term_cannot_remove_a_slice_the_new_leader_rewrote() {
-    // The old leader planned the delete of web-a at PLANNED_VERSION; meanwhile the new
-    // leader rewrote web-a (same object, same uid, newer resourceVersion).
-    let server = SliceServer::new(Duration::ZERO);
-    let mut stored = slice("web-", true);
-    stored.metadata.uid = None;
-    let stored = server.create(NAMESPACE, &stored).unwrap();
+    // The old leader planned the delete of the slice at the version it stored; meanwhile the
+    // new leader rewrote it (same object, same uid, newer resourceVersion).
+    let api = TestApi::new();
+    let stored = api.store(&slice("web-", true)).await;
     let name = stored.metadata.name.clone().unwrap();
-    let rewritten = server.replace(NAMESPACE, &stored).unwrap();
-    let mut late = rewritten.clone();
-    late.metadata.resource_version = stored.metadata.resource_version.clone();
-    let plan = SlicePlan {
-        deletes: vec![late],
-        ..SlicePlan::default()
-    };
+    let rewritten = api.rewrite(&stored).await;
+    let late = plan(&[], Vec::new(), vec![stored]);
 
-    let api = FakeApi::backed_by(server.clone());
     let pass = Pass::new();
-    let error = pass.write(&api, &plan).await;
+    let error = pass.write(&api, &late).await;
     assert!(
         matches!(error, Err(WriteError::Conflict { .. })),
         "{error:?}"
     );
-    let kept = server.slices_of(NAMESPACE, "web");
+    let kept = api.slices(NAMESPACE);
     assert_eq!(kept.len(), 1, "the rewritten slice is still there");
     assert_eq!(kept[0].metadata.name.as_deref(), Some(name.as_str()));
     assert_eq!(
@@ -212,34 +244,31 @@ async fn late_delete_of_an_ended_term_cannot_remove_a_slice_the_new_leader_rewro
     );
 
     // Planned again from the version the cache now shows, the delete goes through.
-    let plan = SlicePlan {
-        deletes: vec![rewritten],
-        ..SlicePlan::default()
-    };
+    let plan = plan(&[], Vec::new(), vec![rewritten]);
     assert_eq!(pass.write(&api, &plan).await.unwrap().deleted, 1);
-    assert!(server.slices_of(NAMESPACE, "web").is_empty());
+    assert!(api.slices(NAMESPACE).is_empty());
 }
 
 #[tokio::test]
 async fn failed_delete_stops_the_pass() {
-    let api = FakeApi::failing(&[("delete web-a", 500)]);
+    let api = TestApi::new().failing(&[("delete web-a", 500)]);
+    let existing = stored(&api, &["web-a", "web-b"]).await;
     let pass = Pass::new();
-    let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+    let error = pass
+        .write(&api, &plan(&[], Vec::new(), existing.clone()))
+        .await;
     assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
     assert_eq!(api.calls(), ["delete web-a"]);
-    assert!(
-        !pass
-            .tracker
-            .lock()
-            .is_expected_delete(&cached("web-a", false))
-    );
+    assert!(!pass.expects_delete(&existing[0]));
 }
 
 #[tokio::test]
 async fn term_ending_mid_pass_fences_every_later_call() {
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-a", "web-b"]).await;
     let pass = Pass::new();
-    let api = FakeApi::ending_term_after(1, &pass.term);
-    let plan = plan(&["web-"], &["web-a"], &["web-b"]);
+    api.end_term_after(1, &pass.term);
+    let plan = plan(&["web-"], existing[..1].to_vec(), existing[1..].to_vec());
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(
         matches!(error, WriteError::Fenced(Fenced::TermEnded { .. })),
@@ -254,10 +283,11 @@ async fn term_ending_mid_pass_fences_every_later_call() {
 
 #[tokio::test]
 async fn refusal_by_the_fencing_policy_is_a_fenced_write_that_stops_the_pass() {
-    let api = FakeApi::default();
+    let api = TestApi::new();
     api.deny_as_not_holder("replace web-a");
+    let existing = stored(&api, &["web-a", "web-b", "web-c"]).await;
     let pass = Pass::new();
-    let plan = plan(&[], &["web-a", "web-b"], &["web-c"]);
+    let plan = plan(&[], existing[..2].to_vec(), existing[2..].to_vec());
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(
         matches!(error, WriteError::Fenced(Fenced::RefusedByApiServer { .. })),
@@ -268,18 +298,22 @@ async fn refusal_by_the_fencing_policy_is_a_fenced_write_that_stops_the_pass() {
 
 #[tokio::test]
 async fn rbac_refusal_is_an_api_error_not_a_fenced_write() {
-    let api = FakeApi::failing(&[("replace web-a", 403)]);
+    let api = TestApi::new().failing(&[("replace web-a", 403)]);
+    let existing = stored(&api, &["web-a"]).await;
     let pass = Pass::new();
-    let error = pass.write(&api, &plan(&[], &["web-a"], &[])).await;
+    let error = pass.write(&api, &plan(&[], existing, Vec::new())).await;
     assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
 }
 
 #[tokio::test]
 async fn delete_refused_by_the_fencing_policy_is_a_fenced_write() {
-    let api = FakeApi::default();
+    let api = TestApi::new();
     api.deny_as_not_holder("delete web-a");
+    let existing = stored(&api, &["web-a", "web-b"]).await;
     let pass = Pass::new();
-    let error = pass.write(&api, &plan(&[], &[], &["web-a", "web-b"])).await;
+    let error = pass
+        .write(&api, &plan(&[], Vec::new(), existing.clone()))
+        .await;
     assert!(
         matches!(
             error,
@@ -288,38 +322,18 @@ async fn delete_refused_by_the_fencing_policy_is_a_fenced_write() {
         "{error:?}"
     );
     assert_eq!(api.calls(), ["delete web-a"]);
-    assert!(
-        !pass
-            .tracker
-            .lock()
-            .is_expected_delete(&cached("web-a", false))
-    );
+    assert!(!pass.expects_delete(&existing[0]));
+    assert_eq!(api.slices(NAMESPACE).len(), 2, "nothing deleted");
 }
 
-/// A client of an API server that accepts connections and never answers (as one whose
-/// storage is down may); the listener thread holds every connection open.
-fn silent_api_server() -> Client {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming().flatten() {
-            held.push(stream);
-        }
-    });
-    Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap()
-}
-
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_write_the_api_server_never_answers_fails_after_the_call_timeout() {
-    let reporter = Reporter {
-        controller: "test".into(),
-        instance: None,
-    };
     let timeout = std::time::Duration::from_millis(200);
-    let api = KubeWrites::new(silent_api_server(), reporter).with_call_timeout(timeout);
+    let api = TestApi::new().with_call_timeout(timeout);
+    let existing = stored(&api, &["web-a"]).await;
+    api.hang("replace web-a");
     let pass = Pass::new();
-    let plan = plan(&[], &["web-a"], &[]);
+    let plan = plan(&[], existing, Vec::new());
     // Far above the call timeout: only reached when the call is not bounded.
     let hung = std::time::Duration::from_secs(20);
     let error = tokio::time::timeout(hung, pass.write(&api, &plan))
