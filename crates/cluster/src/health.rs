@@ -38,7 +38,7 @@ impl CacheHealth {
     }
 
     /// Whether every cache has caught up since its watch last lost its stream
-    /// ([`KindHealth::is_caught_up`]).
+    /// (`KindHealth::is_caught_up`).
     pub fn is_caught_up(&self) -> bool {
         self.kinds.iter().all(|kind| kind.is_caught_up())
     }

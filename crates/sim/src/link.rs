@@ -292,7 +292,7 @@ impl Link {
 
     /// Takes note of a change of the replica's leadership. The replica's watcher calls it on
     /// every change, in the instant of the change (paused time stands still while a task can
-    /// run), so a change first seen here by [`Link::term`] happened in the current instant.
+    /// run), so a change first seen here by `Link::term` happened in the current instant.
     pub fn observe(&self) {
         self.state.lock().observe();
     }
