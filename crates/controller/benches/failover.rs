@@ -11,7 +11,9 @@
 //!
 //! `cargo bench -p external-endpoints --bench failover`. Knobs (environment):
 //! `FAILOVER_ROUNDS` (5), `FAILOVER_ACQUIRE_SIZES` (`1000,10000`), `FAILOVER_ACQUIRE_ROUNDS` (5),
-//! `FAILOVER_PER_SERVICE` (5 workloads per Service).
+//! `FAILOVER_PER_SERVICE` (5 workloads per Service), `FAILOVER_HANDOVER_SERVICES` (0: Services of
+//! `FAILOVER_PER_SERVICE` workloads each beside the hand-over's own, so that its barrier and
+//! replay have that many to go through).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
 use std::{
@@ -63,7 +65,8 @@ async fn run() {
 
     let mut table = Table::default();
     if rounds > 0 {
-        handover(&testbed, &client, rounds, started, &mut table).await;
+        let beside = env_usize("FAILOVER_HANDOVER_SERVICES", 0);
+        handover(&testbed, &client, (rounds, beside, per_service), started, &mut table).await;
         table.print("fail-over (partial results)");
     }
     for &services in &sizes {
@@ -114,16 +117,17 @@ fn churn_workloads(workloads: Api<ExternalWorkload>, rate: usize) -> tokio::task
     })
 }
 
-/// Graceful (SIGTERM, quiet and under churn) and crash (SIGKILL) hand-overs with one Service and
-/// a few workloads.
+/// Graceful (SIGTERM, quiet and under churn) and crash (SIGKILL) hand-overs of one Service and a
+/// few workloads, with `beside` other Services in the namespace.
 async fn handover(
     testbed: &testbed::Testbed,
     client: &Client,
-    rounds: usize,
+    (rounds, beside, per_service): (usize, usize, usize),
     started: Instant,
     table: &mut Table,
 ) {
     let namespace = testbed.fresh_namespace("bench-failover").await.unwrap();
+    populate(client, &namespace, beside, per_service, started).await;
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
     let workloads: Api<ExternalWorkload> = Api::namespaced(client.clone(), &namespace);
     let mut service: Service = Svc::named("web")
@@ -172,7 +176,11 @@ async fn handover(
     let mut follower = spawn(kubeconfig).await;
     follower.wait_ready(Duration::from_secs(60)).await;
     wait_seen(&seen, "10.0.0.5", Duration::from_secs(60)).await;
-    progress(started, "hand-over: 2 replicas up, slices written");
+    wait_checked(&leader, beside + 1, Duration::from_secs(300)).await;
+    progress(
+        started,
+        format!("hand-over: 2 replicas up, slices of {} Services written", beside + 1),
+    );
 
     // Graceful rounds quiet, then under churn (a client changing the other workloads at
     // `FAILOVER_CHURN_RATE`/s), then crashes.
@@ -182,6 +190,11 @@ async fn handover(
             (true, _) => "SIGKILL".to_string(),
             (false, false) => "SIGTERM".to_string(),
             (false, true) => format!("SIGTERM under {churn_rate}/s churn"),
+        };
+        let kind = if beside > 0 {
+            format!("{kind}, {} Services", beside + 1)
+        } else {
+            kind
         };
         let churning = churn.then(|| churn_workloads(workloads.clone(), churn_rate));
         let mut barriers = Vec::new();

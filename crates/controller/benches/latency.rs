@@ -23,7 +23,8 @@
 //! `cargo bench -p external-endpoints --bench latency`. Knobs (environment): `LATENCY_SECONDS`
 //! (30, per phase), `LATENCY_RATES` (50,100,200), `LATENCY_REPS` (2), `LATENCY_STEP_RATES`
 //! (400,800,1200,1600), `LATENCY_STEP_SECONDS` (10), `LATENCY_SERVICES` (1000),
-//! `LATENCY_WORKERS` (4), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none), `LATENCY_PUBLISH_QPS`
+//! `LATENCY_WORKERS` (4; a list such as 4,16 runs a controller phase per value beside each raw
+//! phase, the first value being the baseline), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none), `LATENCY_PUBLISH_QPS`
 //! (500,100). The bench warns when the load average says something else runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
@@ -83,7 +84,8 @@ struct Inside {
 #[derive(Default)]
 struct AtRate {
     raw: Vec<PhaseResult>,
-    ours: Vec<(PhaseResult, Inside)>,
+    /// The controller phases, by `--workers`.
+    ours: BTreeMap<usize, Vec<(PhaseResult, Inside)>>,
 }
 
 struct Setup {
@@ -91,7 +93,9 @@ struct Setup {
     kubeconfig: std::path::PathBuf,
     namespaces: Vec<String>,
     services: Vec<(String, String)>,
-    workers: usize,
+    /// `--workers` of each controller phase: the first is the baseline, any others are run
+    /// beside it at every rate and repetition (before/after in the same run).
+    workers: Vec<usize>,
     processes: Processes,
     started: Instant,
 }
@@ -106,7 +110,7 @@ async fn run() {
     let step_rates = env_list("LATENCY_STEP_RATES", &[400, 800, 1200, 1600]);
     let step_seconds = env_usize("LATENCY_STEP_SECONDS", 10);
     let service_count = env_usize("LATENCY_SERVICES", 1000);
-    let workers = env_usize("LATENCY_WORKERS", 4);
+    let workers = env_list("LATENCY_WORKERS", &[4]);
     let publish_sizes: Vec<usize> = env_list("LATENCY_PUBLISH_SIZES", &[1000, 10000])
         .into_iter()
         .filter(|size| *size > 0)
@@ -147,7 +151,7 @@ async fn run() {
         started,
     };
     // The first leader publishes every slice; the phases change them.
-    controller_phase(&setup, None).await;
+    controller_phase(&setup, setup.workers[0], None).await;
 
     // 1. The highest rate the raw client keeps.
     let mut highest = None;
@@ -188,16 +192,21 @@ async fn run() {
     let mut results: BTreeMap<usize, AtRate> = BTreeMap::new();
     for rep in 0..reps {
         for &rate in &all_rates {
-            let order = if rep % 2 == 0 {
-                [Mode::Raw, Mode::Controller]
-            } else {
-                [Mode::Controller, Mode::Raw]
-            };
-            for mode in order {
-                progress(started, format!("rep {}: {mode:?} at {rate}/s", rep + 1));
+            let mut order: Vec<Option<usize>> = std::iter::once(None)
+                .chain(setup.workers.iter().copied().map(Some))
+                .collect();
+            if rep % 2 == 1 {
+                order.reverse();
+            }
+            for phase in order {
+                let name = match phase {
+                    None => "raw".to_string(),
+                    Some(workers) => format!("controller (--workers {workers})"),
+                };
+                progress(started, format!("rep {}: {name} at {rate}/s", rep + 1));
                 let at = results.entry(rate).or_default();
-                match mode {
-                    Mode::Raw => at.raw.push(
+                match phase {
+                    None => at.raw.push(
                         phase::run(
                             &setup.client,
                             &setup.services,
@@ -209,9 +218,10 @@ async fn run() {
                         )
                         .await,
                     ),
-                    Mode::Controller => {
-                        let measured = controller_phase(&setup, Some((rate, seconds))).await;
-                        at.ours.extend(measured);
+                    Some(workers) => {
+                        let measured =
+                            controller_phase(&setup, workers, Some((rate, seconds))).await;
+                        at.ours.entry(workers).or_default().extend(measured);
                     }
                 }
             }
@@ -219,11 +229,22 @@ async fn run() {
     }
     let mut table = Table::default();
     for (rate, at) in &results {
-        rows(&mut table, *rate, at, highest == Some(*rate));
+        for (workers, ours) in &at.ours {
+            let compared = (setup.workers.len() > 1).then_some(*workers);
+            rows(
+                &mut table,
+                *rate,
+                &at.raw,
+                ours,
+                compared,
+                highest == Some(*rate),
+            );
+        }
     }
     table.print(&format!(
-        "change → slice latency, {} Services × 5 workloads, {seconds} s phases, {reps} alternating repetitions, {workers} workers, load average at start {load_at_start}",
-        setup.services.len()
+        "change → slice latency, {} Services × 5 workloads, {seconds} s phases, {reps} alternating repetitions, --workers {:?}, load average at start {load_at_start}",
+        setup.services.len(),
+        setup.workers
     ));
     stage_table(&results);
 
@@ -248,7 +269,7 @@ async fn run() {
                 kubeconfig: &setup.kubeconfig,
                 namespace: &namespace,
                 services: size,
-                workers,
+                workers: setup.workers[0],
                 started,
             };
             publish::measure(&settings, qps_list, &mut table).await;
@@ -288,13 +309,14 @@ fn keeps_up(result: &PhaseResult, seconds: usize) -> bool {
 /// changed), runs the phase if asked, checks the slices against the plan, stops it.
 async fn controller_phase(
     setup: &Setup,
+    workers: usize,
     load_at: Option<(usize, usize)>,
 ) -> Option<(PhaseResult, Inside)> {
     let spec = ReplicaSpec {
         watch_namespace: None,
         lease_namespace: setup.namespaces[0].clone(),
         lease_name: "bench-latency".to_string(),
-        extra: vec!["--workers".to_string(), setup.workers.to_string()],
+        extra: vec!["--workers".to_string(), workers.to_string()],
     };
     let mut leader = spec
         .start(BINARY, &setup.kubeconfig, "latency-leader")
@@ -357,21 +379,32 @@ fn ms(seconds: f64) -> f64 {
     seconds * 1e3
 }
 
-/// Adds the rows of one rate: each row's samples are the repetitions.
-fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
-    let label = if highest {
+/// Adds the rows of one rate and one `--workers` (named in the label when several are
+/// compared): each row's samples are the repetitions.
+fn rows(
+    table: &mut Table,
+    rate: usize,
+    raw: &[PhaseResult],
+    controller: &[(PhaseResult, Inside)],
+    compared: Option<usize>,
+    highest: bool,
+) {
+    let mut label = if highest {
         format!("{rate}/s (highest the raw client keeps)")
     } else {
         format!("{rate}/s")
     };
+    if let Some(workers) = compared {
+        label.push_str(&format!(", --workers {workers}"));
+    }
     let q = |results: &[&PhaseResult], q: f64| -> Vec<f64> {
         results
             .iter()
             .map(|r| ms(load::quantile(&r.latencies, q)))
             .collect()
     };
-    let raw: Vec<&PhaseResult> = at.raw.iter().collect();
-    let ours: Vec<&PhaseResult> = at.ours.iter().map(|(r, _)| r).collect();
+    let raw: Vec<&PhaseResult> = raw.iter().collect();
+    let ours: Vec<&PhaseResult> = controller.iter().map(|(r, _)| r).collect();
     for (name, quantile) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)] {
         table.row(
             &format!(
@@ -438,8 +471,7 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
             &patches(&ours),
             "",
         );
-        let inside: Vec<f64> = at
-            .ours
+        let inside: Vec<f64> = controller
             .iter()
             .map(|(_, inside)| {
                 let d = delta(
@@ -458,8 +490,7 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
             "",
         );
     }
-    let observations: Vec<f64> = at
-        .ours
+    let observations: Vec<f64> = controller
         .iter()
         .map(|(_, inside)| {
             total(&delta(
@@ -536,8 +567,7 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
         &lost,
         "0",
     );
-    let unconverged: Vec<f64> = at
-        .ours
+    let unconverged: Vec<f64> = controller
         .iter()
         .map(|(_, inside)| inside.unconverged as f64)
         .collect();
@@ -559,14 +589,17 @@ fn rows(table: &mut Table, rate: usize, at: &AtRate, highest: bool) {
 /// the leader's stage histograms).
 fn stage_table(results: &BTreeMap<usize, AtRate>) {
     println!("\n### where our milliseconds go: {STAGES} over the controller phases\n");
-    println!("| rate | stage | observations | mean | p99 (from buckets) |");
-    println!("|---|---|---|---|---|");
-    for (rate, at) in results {
+    println!("| rate | --workers | stage | observations | mean | p99 (from buckets) |");
+    println!("|---|---|---|---|---|---|");
+    for (rate, workers, controller) in results
+        .iter()
+        .flat_map(|(rate, at)| at.ours.iter().map(move |(w, c)| (rate, w, c)))
+    {
         for stage in STAGE_NAMES {
             let labels = format!("stage=\"{stage}\"");
             let (mut count, mut sum) = (0.0, 0.0);
             let mut merged: Vec<(f64, f64)> = Vec::new();
-            for (_, inside) in &at.ours {
+            for (_, inside) in controller {
                 let d = delta(
                     &buckets(&inside.after, STAGES, &labels),
                     &buckets(&inside.before, STAGES, &labels),
@@ -588,7 +621,7 @@ fn stage_table(results: &BTreeMap<usize, AtRate>) {
                 continue;
             }
             println!(
-                "| {rate}/s | {stage} | {count:.0} | {:.3} ms | {:.3} ms |",
+                "| {rate}/s | {workers} | {stage} | {count:.0} | {:.3} ms | {:.3} ms |",
                 ms(sum / count),
                 ms(histogram_quantile(0.99, &merged)),
             );
