@@ -1,7 +1,8 @@
 //! The fenced writer: sends a plan's writes, checking the fence immediately before each call.
 //! Everything the controller writes to the API (slices and Events) goes through [`KubeWrites`].
 //!
-//! Order: creates, then updates, then deletes, so endpoints are never missing between two calls;
+//! Order: creates, then updates (those that add a workload to their slice first), then deletes,
+//! so endpoints are never missing between two calls;
 //! no delete once a create or update of the same pass failed; NotFound on delete is success.
 //! Each accepted write is recorded in the term's tracker, so the watch echo of our own write
 //! triggers nothing and a reconcile waits until the cache shows it.

@@ -66,7 +66,14 @@ async fn run() {
     let mut table = Table::default();
     if rounds > 0 {
         let beside = env_usize("FAILOVER_HANDOVER_SERVICES", 0);
-        handover(&testbed, &client, (rounds, beside, per_service), started, &mut table).await;
+        handover(
+            &testbed,
+            &client,
+            (rounds, beside, per_service),
+            started,
+            &mut table,
+        )
+        .await;
         table.print("fail-over (partial results)");
     }
     for &services in &sizes {
@@ -179,7 +186,10 @@ async fn handover(
     wait_checked(&leader, beside + 1, Duration::from_secs(300)).await;
     progress(
         started,
-        format!("hand-over: 2 replicas up, slices of {} Services written", beside + 1),
+        format!(
+            "hand-over: 2 replicas up, slices of {} Services written",
+            beside + 1
+        ),
     );
 
     // Graceful rounds quiet, then under churn (a client changing the other workloads at

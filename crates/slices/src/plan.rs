@@ -1,6 +1,6 @@
 //! `plan_slices`: every rule of docs/slices.md for one Service.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
@@ -50,8 +50,9 @@ impl SlicePlan {
         self.creates.len() + self.updates.len() + self.deletes.len()
     }
 
-    /// The writes in the order to send them: creates, then updates, then deletes, so that
-    /// endpoints are never missing between two calls. The writer must stop before the deletes
+    /// The writes in the order to send them: creates, then updates (those that add a workload
+    /// to their slice first), then deletes, so that endpoints are never missing between two
+    /// calls. The writer must stop before the deletes
     /// if a create or update failed.
     pub fn writes(&self) -> impl Iterator<Item = Write<'_>> {
         let creates = self.creates.iter().map(Write::Create);
@@ -193,7 +194,49 @@ pub fn plan_cached(
     plan.deletes = deletes.into_iter().map(CachedSlice::to_slice).collect();
 
     sort(&mut plan);
+    gaining_first(&mut plan.updates, &existing_targets(existing, service));
     plan.without_creates_if_deleting(service)
+}
+
+/// The workloads each of the Service's cached slices points at, by slice name.
+fn existing_targets<'a>(
+    existing: &[&'a CachedSlice],
+    service: &CachedService,
+) -> BTreeMap<&'a str, BTreeSet<&'a str>> {
+    existing
+        .iter()
+        .filter(|slice| slice.namespace == service.namespace)
+        .map(|slice| {
+            let targets = slice
+                .endpoints
+                .iter()
+                .filter_map(|endpoint| endpoint.target.as_ref()?.name.as_deref())
+                .collect();
+            (&*slice.name, targets)
+        })
+        .collect()
+}
+
+/// Puts the updates that add a workload to their slice before the others, each part keeping its
+/// order. A workload moving from one slice to another is then in both for a moment, never in
+/// neither: a consumer never sees it removed and added back.
+fn gaining_first(updates: &mut [EndpointSlice], before: &BTreeMap<&str, BTreeSet<&str>>) {
+    let gains = |update: &EndpointSlice| {
+        let had = update
+            .metadata
+            .name
+            .as_deref()
+            .and_then(|name| before.get(name));
+        update.endpoints.iter().flatten().any(|endpoint| {
+            endpoint
+                .target_ref
+                .as_ref()
+                .and_then(|target| target.name.as_deref())
+                .is_some_and(|name| !had.is_some_and(|had| had.contains(name)))
+        })
+    };
+    // A stable sort: `false` (gains) before `true`.
+    updates.sort_by_cached_key(|update| !gains(update));
 }
 
 /// `base` rewritten to hold what `create` would have held.
@@ -237,4 +280,100 @@ fn written_port_keys(slice: &EndpointSlice) -> Vec<crate::desired::PortKey> {
         })
         .collect();
     port_keys(&ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::discovery::v1::Endpoint;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn update(name: &str, targets: &[&str]) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            endpoints: Some(
+                targets
+                    .iter()
+                    .map(|target| Endpoint {
+                        target_ref: Some(ObjectReference {
+                            name: Some(target.to_string()),
+                            ..ObjectReference::default()
+                        }),
+                        ..Endpoint::default()
+                    })
+                    .collect(),
+            ),
+            ..EndpointSlice::default()
+        }
+    }
+
+    fn names(updates: &[EndpointSlice]) -> Vec<&str> {
+        updates
+            .iter()
+            .filter_map(|u| u.metadata.name.as_deref())
+            .collect()
+    }
+
+    #[test]
+    fn updates_that_add_a_workload_go_before_those_that_only_drop_or_change() {
+        // (slices before: name → workloads, updates as planned by name, expected order)
+        type Case<'a> = (
+            &'a [(&'a str, &'a [&'a str])],
+            &'a [(&'a str, &'a [&'a str])],
+            &'a [&'a str],
+        );
+        let cases: &[Case] = &[
+            // vm-2 moves from a to b: b (gains it) first, then a (drops it).
+            (
+                &[("a", &["vm-1", "vm-2"]), ("b", &["vm-3"])],
+                &[("a", &["vm-1"]), ("b", &["vm-3", "vm-2"])],
+                &["b", "a"],
+            ),
+            // Nothing gained: name order kept.
+            (
+                &[("a", &["vm-1", "vm-2"]), ("b", &["vm-3"])],
+                &[("a", &["vm-1"]), ("b", &["vm-3"])],
+                &["a", "b"],
+            ),
+            // Both gain: name order kept.
+            (
+                &[("a", &["vm-1"]), ("b", &["vm-3"])],
+                &[("a", &["vm-1", "vm-4"]), ("b", &["vm-3", "vm-5"])],
+                &["a", "b"],
+            ),
+            // A slice the cache does not hold (recycled under its own name) counts as gaining.
+            (
+                &[("b", &["vm-3"])],
+                &[("b", &["vm-3"]), ("c", &["vm-9"])],
+                &["c", "b"],
+            ),
+            // Three: the two that gain keep their order ahead of the one that drops.
+            (
+                &[("a", &["vm-1"]), ("b", &["vm-2"]), ("c", &["vm-3"])],
+                &[
+                    ("a", &[]),
+                    ("b", &["vm-2", "vm-1"]),
+                    ("c", &["vm-3", "vm-7"]),
+                ],
+                &["b", "c", "a"],
+            ),
+        ];
+        for (before, planned, expected) in cases {
+            let before: BTreeMap<&str, BTreeSet<&str>> = before
+                .iter()
+                .map(|(name, targets)| (*name, targets.iter().copied().collect()))
+                .collect();
+            let mut updates: Vec<EndpointSlice> = planned
+                .iter()
+                .map(|(name, targets)| update(name, targets))
+                .collect();
+            gaining_first(&mut updates, &before);
+            assert_eq!(names(&updates), *expected, "before {before:?}");
+        }
+    }
 }
