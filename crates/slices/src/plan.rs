@@ -52,8 +52,7 @@ impl SlicePlan {
 
     /// The writes in the order to send them: creates, then updates (those that add a workload
     /// to their slice first), then deletes, so that endpoints are never missing between two
-    /// calls. The writer must stop before the deletes
-    /// if a create or update failed.
+    /// calls. The writer must stop before the deletes if a create or update failed.
     pub fn writes(&self) -> impl Iterator<Item = Write<'_>> {
         let creates = self.creates.iter().map(Write::Create);
         let updates = self.updates.iter().map(Write::Update);
@@ -346,7 +345,7 @@ mod tests {
                 &[("a", &["vm-1", "vm-4"]), ("b", &["vm-3", "vm-5"])],
                 &["a", "b"],
             ),
-            // A slice the cache does not hold (recycled under its own name) counts as gaining.
+            // A slice the map does not know counts as gaining every workload it holds.
             (
                 &[("b", &["vm-3"])],
                 &[("b", &["vm-3"]), ("c", &["vm-9"])],
