@@ -24,8 +24,8 @@
 //! (30, per phase), `LATENCY_RATES` (50,100,200), `LATENCY_REPS` (2), `LATENCY_STEP_RATES`
 //! (400,800,1200,1600), `LATENCY_STEP_SECONDS` (10), `LATENCY_SERVICES` (1000),
 //! `LATENCY_WORKERS` (4; a list such as 4,16 runs a controller phase per value beside each raw
-//! phase, the first value being the baseline), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none), `LATENCY_PUBLISH_QPS`
-//! (500,100). The bench warns when the load average says something else runs.
+//! phase, the first value being the baseline), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none),
+//! `LATENCY_PUBLISH_QPS` (500,100). The bench warns when the load average says something else runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
 #[allow(dead_code)] // the scale bench's load generator; this bench uses its change types only

@@ -193,7 +193,10 @@ pub fn plan_cached(
     plan.deletes = deletes.into_iter().map(CachedSlice::to_slice).collect();
 
     sort(&mut plan);
-    gaining_first(&mut plan.updates, &existing_targets(existing, service));
+    // Order matters only between two updates or more; most passes have one.
+    if plan.updates.len() > 1 {
+        gaining_first(&mut plan.updates, &existing_targets(existing, service));
+    }
     plan.without_creates_if_deleting(service)
 }
 
