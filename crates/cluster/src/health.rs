@@ -30,6 +30,12 @@ impl CacheHealth {
         (*self.kinds).clone()
     }
 
+    /// The newest version the workload watch has read (0: none, or not a number).
+    pub(crate) fn workloads_read(&self) -> u64 {
+        let [_services, workloads, _slices] = &*self.kinds;
+        workloads.read_version()
+    }
+
     /// Whether every cache can be trusted now: synced, its watch not stalled, and not
     /// re-listing for longer than the stall bound. Standbys are ready too (a warm standby is
     /// ready to take over).

@@ -17,6 +17,7 @@
 
 mod app;
 mod caches;
+mod confirm;
 mod events;
 mod handlers;
 mod health;
@@ -178,6 +179,7 @@ impl Controller {
             stale_limit: config.stale_limit,
             health: health.clone(),
             catch_up: config.safeguards.catch_up,
+            confirm_additions: config.safeguards.confirm_additions,
         });
         let app =
             App::new(shared, freshness, metrics.clone()).with_barrier(config.safeguards.barrier);

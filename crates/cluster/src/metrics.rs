@@ -29,6 +29,8 @@ pub struct Metrics {
     pub slice_write_errors: Family<WriteLabels, Counter>,
     /// Reconciles postponed because the cache was behind our own writes.
     pub stale_cache_retries: Counter,
+    /// Reconciles postponed because the API server did not confirm a planned addition.
+    pub unconfirmed_additions: Counter,
     /// Workload values left out of slices, by reason.
     pub invalid_workload_data: Family<ReasonLabels, Counter>,
     /// Warning Events published on Services.
@@ -152,6 +154,7 @@ impl Metrics {
             slice_writes: Family::default(),
             slice_write_errors: Family::default(),
             stale_cache_retries: Counter::default(),
+            unconfirmed_additions: Counter::default(),
             invalid_workload_data: Family::default(),
             events_published: Counter::default(),
             watch_errors: Family::default(),
@@ -192,6 +195,12 @@ impl Metrics {
             "stale_cache_retries",
             "Reconciles postponed because the cache had not caught up with this term's writes",
             metrics.stale_cache_retries.clone(),
+        );
+        registry.register(
+            "unconfirmed_additions",
+            "Reconciles postponed because the API server no longer had a workload the plan would \
+             add, or the Service no longer selected it (one watch behind another)",
+            metrics.unconfirmed_additions.clone(),
         );
         registry.register(
             "invalid_workload_data",

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 pub use crate::handlers::TermState;
 use crate::{
     caches::Caches,
+    confirm::Confirmation,
     events::Diagnostics,
     health::CacheHealth,
     metrics::{Metrics, Outcome, OutcomeLabels},
@@ -54,6 +55,9 @@ pub struct Shared {
     pub health: CacheHealth,
     /// `false` only in tests that switch the wait for a lost watch off ([`crate::Safeguards`]).
     pub catch_up: bool,
+    /// `false` only in tests that switch the confirmation of additions off
+    /// ([`crate::Safeguards`]).
+    pub confirm_additions: bool,
 }
 
 /// Why a reconcile failed (the queue retries it with backoff).
@@ -62,6 +66,9 @@ pub enum ReconcileError {
     /// A write failed. Retryable.
     #[error(transparent)]
     Write(#[from] WriteError),
+    /// A read confirming the plan's additions failed. Retryable.
+    #[error("reading to confirm the plan's additions failed: {0}")]
+    Confirm(#[source] kube::Error),
 }
 
 /// Reconciles the Service `key` within the term of `context`.
@@ -103,7 +110,8 @@ pub async fn reconcile(
 enum ReconcileOutcome {
     /// Planned, and wrote what the plan asked (or nothing was to be written).
     Done,
-    /// The cache is behind this term's writes: nothing written, look again shortly.
+    /// The cache is behind this term's writes, or the API server did not confirm an addition
+    /// (one watch behind another): nothing written, look again shortly.
     Stale,
     /// The term is over: its fence refused a write. Nothing more to do in this term; the next
     /// term replays everything.
@@ -173,6 +181,8 @@ async fn reconcile_inner(
         }
     }
     let planning = Instant::now();
+    // Read before the caches: the workload cache holds at least everything up to it.
+    let workloads_read = shared.health.workloads_read();
     let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
         // Deleted: its slices go by garbage collection (owner reference).
         state.tracker.lock().forget(key);
@@ -235,6 +245,23 @@ async fn reconcile_inner(
     if plan.is_empty() {
         tracing::debug!("slices up to date");
         return Ok(ReconcileOutcome::Done);
+    }
+    if shared.confirm_additions
+        && let Some(confirmation) =
+            Confirmation::needed(&service, &plan, &existing, &workloads, workloads_read)
+    {
+        let confirmed = confirmation
+            .confirm(&shared.api, &service)
+            .await
+            .map_err(ReconcileError::Confirm)?;
+        if !confirmed {
+            shared.metrics.unconfirmed_additions.inc();
+            tracing::debug!(
+                "the API server no longer has a workload to add, or the Service no longer \
+                 selects it; looking again once the caches catch up"
+            );
+            return Ok(ReconcileOutcome::Stale);
+        }
     }
     let fence = context.fence();
     let pass = Pass {

@@ -17,6 +17,9 @@ pub struct Safeguards {
     /// Nothing is planned while a watch that lost its stream has not caught up
     /// (`watch::health::KindHealth::is_caught_up`).
     pub(crate) catch_up: bool,
+    /// A plan's additions are confirmed by reads from the API server when the caches may
+    /// disagree about them (`confirm`).
+    pub(crate) confirm_additions: bool,
 }
 
 // === impl Safeguards ===
@@ -27,6 +30,7 @@ impl Default for Safeguards {
             barrier: true,
             version_fenced_deletes: true,
             catch_up: true,
+            confirm_additions: true,
         }
     }
 }
@@ -51,6 +55,13 @@ impl Safeguards {
     #[must_use]
     pub fn without_catch_up(mut self) -> Self {
         self.catch_up = false;
+        self
+    }
+
+    /// A plan's additions are written as planned, without reading the API server (tests only).
+    #[must_use]
+    pub fn without_confirmed_additions(mut self) -> Self {
+        self.confirm_additions = false;
         self
     }
 }

@@ -15,11 +15,12 @@
 
 use std::{future::Future, time::Duration};
 
-use k8s_openapi::api::core::v1::ObjectReference;
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client,
-    api::{DeleteParams, PostParams, Preconditions},
+    api::{DeleteParams, ListParams, PostParams, Preconditions},
     runtime::events::{Event, Recorder, Reporter},
 };
 use leadership::{Fence, Fenced};
@@ -39,7 +40,8 @@ use crate::{
 /// up on its storage after 60 s (`--request-timeout`).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The API calls the controller writes with, each bounded by the call timeout. Tests run it
+/// The API calls the controller writes with (and the reads that confirm a plan's additions,
+/// `confirm`), each bounded by the call timeout. Tests run it
 /// over the in-memory API server, with faults at exact calls (`test_api`).
 #[derive(Clone)]
 pub struct KubeWrites {
@@ -175,6 +177,41 @@ impl KubeWrites {
         };
         let api = self.api(namespace);
         self.bounded(api.delete(name, &params)).await.map(|_| ())
+    }
+
+    /// The Service `name` as the API server has it now (a GET without a resourceVersion: read
+    /// from etcd, not the API server's cache); `None` if it does not exist.
+    pub async fn read_service(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Service>, kube::Error> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
+        self.bounded(api.get_opt(name)).await
+    }
+
+    /// The workload `name` as the API server has it now (as [`KubeWrites::read_service`]).
+    pub async fn read_workload(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ExternalWorkload>, kube::Error> {
+        let api: Api<ExternalWorkload> = Api::namespaced(self.client.clone(), namespace);
+        self.bounded(api.get_opt(name)).await
+    }
+
+    /// The workloads of `namespace` matching `labels`, by a consistent LIST (no
+    /// resourceVersion: the API server answers once its cache has caught up with etcd).
+    pub async fn list_workloads(
+        &self,
+        namespace: &str,
+        labels: &str,
+    ) -> Result<Vec<ExternalWorkload>, kube::Error> {
+        let api: Api<ExternalWorkload> = Api::namespaced(self.client.clone(), namespace);
+        let list = self
+            .bounded(api.list(&ListParams::default().labels(labels)))
+            .await?;
+        Ok(list.items)
     }
 
     /// Publishes `event` about the object `regarding`.

@@ -64,6 +64,8 @@ pub enum Safeguard {
     VersionFencedDeletes,
     /// No plan while a watch that lost its stream has not caught up.
     CatchUp,
+    /// A plan's additions confirmed by reads when one watch may be behind another.
+    ConfirmedAdditions,
 }
 
 /// Which protections a run has.
@@ -102,7 +104,7 @@ pub struct Report {
 
 impl Safeguard {
     /// Every safeguard, in table order.
-    pub const ALL: [Safeguard; 8] = [
+    pub const ALL: [Safeguard; 9] = [
         Safeguard::Fence,
         Safeguard::Barrier,
         Safeguard::Drain,
@@ -111,6 +113,7 @@ impl Safeguard {
         Safeguard::FreshTracker,
         Safeguard::VersionFencedDeletes,
         Safeguard::CatchUp,
+        Safeguard::ConfirmedAdditions,
     ];
 }
 

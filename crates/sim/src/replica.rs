@@ -183,6 +183,9 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
             controller = controller.without_version_fenced_deletes();
         }
         Some(Safeguard::CatchUp) => controller = controller.without_catch_up(),
+        Some(Safeguard::ConfirmedAdditions) => {
+            controller = controller.without_confirmed_additions();
+        }
         Some(Safeguard::StallBound) | None => {}
     }
     let stall_bound = if off == Some(Safeguard::StallBound) {

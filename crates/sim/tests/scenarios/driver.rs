@@ -69,6 +69,16 @@ impl Scripted {
     /// `stale_limit`; the safeguard `off`, if any, is switched off. Waits until its caches have
     /// synced.
     pub async fn start(stale_limit: Duration, off: Option<Safeguard>) -> Self {
+        Self::start_with(stale_limit, off, |_| {}).await
+    }
+
+    /// As [`Scripted::start`], with `edit` applied to the replica's configuration last (to switch
+    /// a second controller safeguard off beside `off`).
+    pub async fn start_with(
+        stale_limit: Duration,
+        off: Option<Safeguard>,
+        edit: impl FnOnce(&mut cluster::ControllerConfig),
+    ) -> Self {
         let server = apisim::ApiServer::new(apisim::ServerConfig::default());
         let driver = server.client("driver");
         let judge = Judge {
@@ -92,6 +102,7 @@ impl Scripted {
         scripted.take_lease().await;
         let mut config = replica::config(IDENTITY, off);
         config.stale_limit = stale_limit;
+        edit(&mut config);
         scripted
             .replica
             .start(&scripted.server, config, &scripted.checks);

@@ -5,8 +5,8 @@
 //! the faults from the replica's link (its slice watch held or lagging, one answer held) and
 //! from other writers (a 409 is the API's own answer to a stale write).
 //!
-//! Each test is named for the failure it prevents. The last three show that three scenarios fail
-//! with the safeguard they are about switched off (the simulation's test-only switches).
+//! Each test is named for the failure it prevents. The `without_` tests show that the scenarios
+//! fail with the safeguard they are about switched off (the simulation's test-only switches).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod driver;
@@ -429,19 +429,37 @@ fn without_version_fenced_deletes_a_changed_slice_is_deleted() {
 /// deletion unseen, puts it back although its removal was published.
 #[test]
 fn a_service_is_not_planned_from_a_cache_whose_lost_watch_has_not_caught_up() {
-    lost_workload_watch(None);
+    lost_workload_watch(None, true);
 }
 
-/// Without the wait, the plan reads the workload cache that missed the deletion.
+/// Without the wait, the plan reads the workload cache that missed the deletion, and the
+/// confirmation of its addition keeps the deleted workload out.
+#[test]
+fn without_the_catch_up_wait_the_confirmation_keeps_a_deleted_workload_out() {
+    lost_workload_watch(Some(Safeguard::CatchUp), true);
+}
+
+/// Without the wait and the confirmation, the deleted workload is put back.
 #[test]
 #[should_panic(expected = "a deleted workload was put back")]
-fn without_the_catch_up_wait_a_deleted_workload_is_put_back() {
-    lost_workload_watch(Some(Safeguard::CatchUp));
+fn without_the_catch_up_wait_and_the_confirmation_a_deleted_workload_is_put_back() {
+    lost_workload_watch(Some(Safeguard::CatchUp), false);
 }
 
-fn lost_workload_watch(off: Option<Safeguard>) {
+/// `lost_workload_watch` with the safeguard `off` and, unless `confirm`, the confirmation of
+/// additions off too.
+async fn start_without(off: Option<Safeguard>, confirm: bool) -> Scripted {
+    Scripted::start_with(NEVER, off, |config| {
+        if !confirm {
+            config.safeguards = config.safeguards.without_confirmed_additions();
+        }
+    })
+    .await
+}
+
+fn lost_workload_watch(off: Option<Safeguard>, confirm: bool) {
     run(|| async {
-        let scripted = Scripted::start(NEVER, off).await;
+        let scripted = start_without(off, confirm).await;
         scripted.apply_service(web().build()).await;
         scripted
             .apply_workload(vm("vm-1", "10.0.0.1").build())
@@ -475,9 +493,109 @@ fn lost_workload_watch(off: Option<Safeguard>) {
             "a deleted workload was put back: {:?}",
             scripted.published("web")
         );
+        if off == Some(Safeguard::CatchUp) {
+            assert!(
+                scripted.metric("unconfirmed_additions_total") > Some(0.0),
+                "the API server did not confirm the addition"
+            );
+        } else {
+            assert!(
+                scripted.outcomes("CatchingUp") > 0,
+                "the reconcile waited for the workload cache"
+            );
+        }
+
+        scripted.link().release_watches();
+        scripted.wait_published("web", &[]).await;
+        scripted.settle().await;
+        scripted.stop().await;
+    });
+}
+
+/// One watch behind another without losing its stream: the workload watch is late (held here,
+/// within the stall bound) while the Service watch delivers at once. A Service that now selects
+/// a workload deleted just before is not given it back: the addition is read from the API
+/// server first, which no longer has the workload.
+#[test]
+fn a_lagging_workload_watch_does_not_put_back_a_deleted_workload() {
+    lagging_workload_watch(true);
+}
+
+/// Without the confirmation, the Service's newer view re-selects the deleted workload.
+#[test]
+#[should_panic(expected = "a deleted workload was put back")]
+fn without_the_confirmation_a_lagging_workload_watch_puts_back_a_deleted_workload() {
+    lagging_workload_watch(false);
+}
+
+fn lagging_workload_watch(confirm: bool) {
+    lagging_watch(
+        "externalworkloads",
+        confirm,
+        "a deleted workload was put back",
+        async |scripted| {
+            scripted.delete_workload("vm-2").await;
+            scripted
+                .apply_service(web().selector("app", "db").build())
+                .await;
+        },
+    );
+}
+
+/// The other way round: the Service watch is late. web moves to another selector (unseen), then
+/// vm-2 takes the label web used to select. The addition is not made by the selector the Service
+/// has left: the Service is read from the API server first.
+#[test]
+fn a_lagging_service_watch_does_not_add_by_a_selector_the_service_has_left() {
+    lagging_service_watch(true);
+}
+
+/// Without the confirmation, vm-2 is put back by the old selector.
+#[test]
+#[should_panic(expected = "added by a selector the Service has left")]
+fn without_the_confirmation_a_lagging_service_watch_adds_by_an_old_selector() {
+    lagging_service_watch(false);
+}
+
+fn lagging_service_watch(confirm: bool) {
+    lagging_watch(
+        "services",
+        confirm,
+        "added by a selector the Service has left",
+        async |scripted| {
+            scripted
+                .apply_service(web().selector("app", "api").build())
+                .await;
+            scripted
+                .apply_workload(vm("vm-2", "10.0.0.2").build())
+                .await;
+        },
+    );
+}
+
+/// From [`leading_without_web_vm_2`]: the watch of `resource` held (late, within the stall
+/// bound) while `change` is made; 5 s later vm-2 must not be published (else: `failure`), and
+/// the API server must have refused to confirm its addition; once the watch delivers, web
+/// publishes nothing.
+fn lagging_watch(
+    resource: &'static str,
+    confirm: bool,
+    failure: &'static str,
+    change: impl AsyncFnOnce(&Scripted),
+) {
+    run(|| async {
+        let scripted = leading_without_web_vm_2(confirm).await;
+        scripted.link().hold_watches_of(resource);
+        change(&scripted).await;
+        sleep(Duration::from_secs(5)).await;
         assert!(
-            scripted.outcomes("CatchingUp") > 0,
-            "the reconcile waited for the workload cache"
+            !scripted.published("web").contains(&"10.0.0.2".to_string()),
+            "{failure}: {:?}",
+            scripted.published("web")
+        );
+        assert!(
+            scripted.metric("unconfirmed_additions_total") > Some(0.0),
+            "the API server did not confirm the addition"
         );
 
         scripted.link().release_watches();
@@ -485,4 +603,27 @@ fn lost_workload_watch(off: Option<Safeguard>) {
         scripted.settle().await;
         scripted.stop().await;
     });
+}
+
+/// The replica leading, web selecting vm-1 and vm-2, then vm-2 relabelled out of web: its
+/// removal published and seen back. The confirmation of additions is off unless `confirm`.
+async fn leading_without_web_vm_2(confirm: bool) -> Scripted {
+    let scripted = start_without(None, confirm).await;
+    scripted.apply_service(web().build()).await;
+    scripted
+        .apply_workload(vm("vm-1", "10.0.0.1").build())
+        .await;
+    scripted
+        .apply_workload(vm("vm-2", "10.0.0.2").build())
+        .await;
+    scripted.lead().await;
+    scripted
+        .wait_published("web", &["10.0.0.1", "10.0.0.2"])
+        .await;
+    scripted
+        .apply_workload(vm("vm-2", "10.0.0.2").label("app", "db").build())
+        .await;
+    scripted.wait_published("web", &["10.0.0.1"]).await;
+    scripted.settle().await;
+    scripted
 }

@@ -1,0 +1,416 @@
+//! Confirmed additions: a workload goes into a Service's slices only if the API server, read
+//! after the plan, still has the Service selecting it by the same selector, and (when the caches
+//! could disagree about it) still has the workload.
+//!
+//! Each cache is fed by its own watch, and a watch can run behind the API server or behind
+//! another watch: the API server keeps a watch cache per resource, and a slow stream delays one
+//! kind only. Removing or updating an endpoint that is already published cannot bring anything
+//! back, so only additions are confirmed:
+//!
+//! - the Service, always (a GET): a plan whose Service view is behind could add a workload by a
+//!   selector the Service has since left (the selector changed, then the workload's labels
+//!   matched the old one, or a repair of someone else's edit re-adds an endpoint the new selector
+//!   no longer wants). It must still exist with the same uid and selector.
+//! - the added workloads, when the Service is newer than the newest version the workload watch
+//!   has read (a GET each, up to [`GET_AT_MOST`]; above that, one LIST by the Service's
+//!   selector): a selector change could re-select a workload deleted just before it, whose
+//!   deletion the workload watch has not delivered. Each must still exist with the same uid and
+//!   be selected. When the workload cache has read past the Service, a plan that adds a
+//!   workload deleted since only repeats what its own leader has not yet taken out: nothing
+//!   published comes back.
+//!
+//! A GET without a resourceVersion is served from etcd (a quorum read, not the API server's
+//! watch cache), so it shows every change made before it. A version that is not a number counts
+//! as newer than anything. When a read disagrees with the cache, nothing is written: the
+//! reconcile looks again shortly, when the lagging watch has delivered more. Passes that add
+//! nothing (readiness, addresses, removals, a replay that finds the slices right) read nothing.
+//!
+//! Between the read and the write the world can move on again (a workload deleted a moment after
+//! the GET). That is an ordinary race: the removal is published by this leader after its write,
+//! not before it, so nothing published comes back.
+
+use std::collections::HashMap;
+
+use futures::future::try_join_all;
+use slices::{CachedService, CachedSlice, CachedWorkload, SlicePlan, Token, selects};
+
+use crate::writer::KubeWrites;
+
+/// Added workloads read one GET each up to this many; more are read by one LIST.
+pub const GET_AT_MOST: usize = 8;
+
+/// What must be read from the API server before a plan's additions are written: the Service,
+/// and these added workloads (none unless the Service is newer than the workload cache).
+#[derive(Debug, Default)]
+pub struct Confirmation<'a> {
+    /// The added workloads to read.
+    pub workloads: Vec<&'a CachedWorkload>,
+}
+
+// === impl Confirmation ===
+
+impl<'a> Confirmation<'a> {
+    /// What `plan` adds to the Service's `existing` slices, of the `workloads` it was planned
+    /// from, and what of it must be read given the newest version the workload watch had read
+    /// when the plan's view was taken (`workloads_read`; 0: none, or not a number). `None` when
+    /// the plan adds nothing.
+    pub fn needed(
+        service: &CachedService,
+        plan: &SlicePlan,
+        existing: &[&CachedSlice],
+        workloads: &[&'a CachedWorkload],
+        workloads_read: u64,
+    ) -> Option<Self> {
+        let added = added(plan, existing, workloads);
+        if added.is_empty() {
+            return None;
+        }
+        let service_newer = version(service.resource_version.as_ref()) > workloads_read;
+        Some(Confirmation {
+            workloads: if service_newer { added } else { Vec::new() },
+        })
+    }
+
+    /// Whether the API server agrees: the Service exists with the same uid and selector, and
+    /// each workload to read exists with the same uid and is selected.
+    pub async fn confirm(
+        &self,
+        api: &KubeWrites,
+        service: &CachedService,
+    ) -> Result<bool, kube::Error> {
+        let fresh = api.read_service(&service.namespace, &service.name).await?;
+        let agrees = fresh
+            .as_ref()
+            .map(CachedService::from)
+            .is_some_and(|fresh| fresh.uid == service.uid && fresh.selector == service.selector);
+        if !agrees {
+            return Ok(false);
+        }
+        if self.workloads.is_empty() {
+            return Ok(true);
+        }
+        let fresh: Vec<Option<CachedWorkload>> = if self.workloads.len() <= GET_AT_MOST {
+            try_join_all(self.workloads.iter().map(|workload| async {
+                let fresh = api
+                    .read_workload(&workload.namespace, &workload.name)
+                    .await?;
+                Ok::<_, kube::Error>(fresh.as_ref().map(CachedWorkload::from))
+            }))
+            .await?
+        } else {
+            let selector = label_selector(service);
+            let listed: HashMap<String, CachedWorkload> = api
+                .list_workloads(&service.namespace, &selector)
+                .await?
+                .iter()
+                .map(|workload| {
+                    let cached = CachedWorkload::from(workload);
+                    (cached.name.to_string(), cached)
+                })
+                .collect();
+            self.workloads
+                .iter()
+                .map(|workload| listed.get(&*workload.name).cloned())
+                .collect()
+        };
+        Ok(self.workloads.iter().zip(&fresh).all(|(cached, fresh)| {
+            fresh
+                .as_ref()
+                .is_some_and(|fresh| fresh.uid == cached.uid && selects(service, fresh))
+        }))
+    }
+}
+
+/// The `workloads` whose endpoints `plan` writes into slices where none of the Service's
+/// `existing` slices holds them (by name, and by uid where both have one).
+fn added<'a>(
+    plan: &SlicePlan,
+    existing: &[&CachedSlice],
+    workloads: &[&'a CachedWorkload],
+) -> Vec<&'a CachedWorkload> {
+    let mut held: HashMap<&str, Option<&Token>> = HashMap::new();
+    for target in existing
+        .iter()
+        .flat_map(|slice| slice.endpoints.iter())
+        .filter_map(|endpoint| endpoint.target.as_ref())
+    {
+        if let Some(name) = target.name.as_deref() {
+            held.insert(name, target.uid.as_ref());
+        }
+    }
+    let by_name: HashMap<&str, &'a CachedWorkload> = workloads
+        .iter()
+        .map(|workload| (&*workload.name, *workload))
+        .collect();
+    let mut added: Vec<&'a CachedWorkload> = plan
+        .creates
+        .iter()
+        .chain(&plan.updates)
+        .flat_map(|slice| slice.endpoints.iter().flatten())
+        .filter_map(|endpoint| {
+            let target = endpoint.target_ref.as_ref()?;
+            let name = target.name.as_deref()?;
+            // A missing uid on either side never makes two workloads of one name differ.
+            let is_held = match held.get(name) {
+                None => false,
+                Some(Some(held)) => target.uid.as_deref().is_none_or(|uid| held.is(uid)),
+                Some(None) => true,
+            };
+            (!is_held).then(|| by_name.get(name).copied()).flatten()
+        })
+        .collect();
+    added.sort_by(|a, b| a.name.cmp(&b.name));
+    added.dedup_by(|a, b| a.name == b.name);
+    added
+}
+
+/// A resourceVersion as a number; a missing one, or one that is not a number, is newer than
+/// anything (`u64::MAX`), so that it is always confirmed.
+fn version(version: Option<&Token>) -> u64 {
+    match version {
+        Some(Token::Number(number)) => *number,
+        _ => u64::MAX,
+    }
+}
+
+/// The Service's selector as a label selector (`k=v,k2=v2`).
+fn label_selector(service: &CachedService) -> String {
+    service
+        .selector
+        .iter()
+        .flat_map(|selector| selector.iter())
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use api::v1beta1::ExternalWorkload;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Api, DeleteParams, PostParams};
+    use slices::{
+        Config, plan_slices,
+        testing::{NAMESPACE, time, vm, web},
+    };
+
+    use super::*;
+    use crate::test_api::TestApi;
+
+    /// A plan for `service` and `workloads` over `existing`, and the workloads to read with the
+    /// Service to confirm it (`None`: nothing to confirm).
+    fn needs(
+        service: &Service,
+        workloads: &[ExternalWorkload],
+        existing: &[EndpointSlice],
+        workloads_read: u64,
+    ) -> Option<Vec<String>> {
+        let config = Config::default();
+        let refs: Vec<&ExternalWorkload> = workloads.iter().collect();
+        let slices: Vec<&EndpointSlice> = existing.iter().collect();
+        let plan = plan_slices(service, &refs, &slices, &config, &time(1));
+        let cached_service = CachedService::from(service);
+        let cached: Vec<CachedWorkload> = workloads.iter().map(CachedWorkload::from).collect();
+        let cached: Vec<&CachedWorkload> = cached.iter().collect();
+        let held: Vec<CachedSlice> = existing.iter().map(CachedSlice::from).collect();
+        let held: Vec<&CachedSlice> = held.iter().collect();
+        let confirmation =
+            Confirmation::needed(&cached_service, &plan, &held, &cached, workloads_read)?;
+        let names = confirmation
+            .workloads
+            .iter()
+            .map(|workload| workload.name.to_string())
+            .collect();
+        Some(names)
+    }
+
+    /// The slices planned for `service` and `workloads` from nothing, named as if created.
+    fn published(service: &Service, workloads: &[ExternalWorkload]) -> Vec<EndpointSlice> {
+        let refs: Vec<&ExternalWorkload> = workloads.iter().collect();
+        let plan = plan_slices(service, &refs, &[], &Config::default(), &time(1));
+        plan.creates
+            .into_iter()
+            .enumerate()
+            .map(|(index, mut slice)| {
+                slice.metadata.name = Some(format!("web-{index}"));
+                slice.metadata.resource_version = Some("5".into());
+                slice
+            })
+            .collect()
+    }
+
+    fn versioned(mut service: Service, version: &str) -> Service {
+        service.metadata.resource_version = Some(version.into());
+        service
+    }
+
+    #[test]
+    fn only_a_plan_that_adds_a_workload_is_confirmed_and_its_workloads_only_when_the_service_is_newer()
+     {
+        let one = [vm("vm-1", "10.0.0.1").build()];
+        let two = [
+            vm("vm-1", "10.0.0.1").build(),
+            vm("vm-2", "10.0.0.2").build(),
+        ];
+        let service = versioned(web().build(), "50");
+        let held = published(&service, &one);
+        // (workloads planned, workload watch's version, what is read: None, or the Service and
+        // these workloads)
+        type Case<'a> = (&'a [ExternalWorkload], u64, Option<Vec<String>>);
+        let cases: [Case; 5] = [
+            // vm-2 is new to the slices: the Service is read; the workload cache has read past
+            // the Service, so vm-2 is not.
+            (&two, 60, Some(vec![])),
+            // The Service is newer than the workload cache: vm-2 is read too.
+            (&two, 40, Some(vec!["vm-2".into()])),
+            // Nothing new: the slices are right.
+            (&one, 40, None),
+            // A removal adds nothing.
+            (&[], 40, None),
+            // vm-1 changes address: an update of a held endpoint adds nothing.
+            (&[vm("vm-1", "10.0.0.9").build()], 40, None),
+        ];
+        for (index, (workloads, read, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                needs(&service, workloads, &held, read),
+                expected,
+                "case {index}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_workload_recreated_under_its_name_is_an_addition_and_a_version_not_a_number_is_newer() {
+        let service = web().build();
+        let held = published(&service, &[vm("vm-1", "10.0.0.1").build()]);
+        let recreated = [vm("vm-1", "10.0.0.1").uid("uid-ew-vm-1-again").build()];
+        // No resourceVersion on the Service: counted as newer than any workload version.
+        assert_eq!(
+            needs(&service, &recreated, &held, 1_000),
+            Some(vec!["vm-1".into()])
+        );
+    }
+
+    /// The API server's copies of `web` (selecting `app=web`) and of `workloads`.
+    async fn stored(
+        test: &TestApi,
+        workloads: &[ExternalWorkload],
+    ) -> (CachedService, Vec<CachedWorkload>) {
+        let client = test.server.client("other");
+        let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+        let service = services
+            .create(&PostParams::default(), &web().build())
+            .await
+            .unwrap();
+        let api: Api<ExternalWorkload> = Api::namespaced(client, NAMESPACE);
+        let mut cached = Vec::new();
+        for workload in workloads {
+            let stored = api.create(&PostParams::default(), workload).await.unwrap();
+            cached.push(CachedWorkload::from(&stored));
+        }
+        (CachedService::from(&service), cached)
+    }
+
+    fn workloads_api(test: &TestApi) -> Api<ExternalWorkload> {
+        Api::namespaced(test.server.client("other"), NAMESPACE)
+    }
+
+    async fn confirmed(test: &TestApi, service: &CachedService, read: &[&CachedWorkload]) -> bool {
+        Confirmation {
+            workloads: read.to_vec(),
+        }
+        .confirm(&test.writes, service)
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_addition_is_confirmed_only_while_the_api_server_agrees() {
+        let test = TestApi::new();
+        let (service, workloads) = stored(&test, &[vm("vm-2", "10.0.0.2").build()]).await;
+        let vm_2 = &workloads[0];
+        assert!(confirmed(&test, &service, &[vm_2]).await, "as cached");
+
+        // Relabelled out of the Service.
+        let api = workloads_api(&test);
+        let mut relabelled = api.get("vm-2").await.unwrap();
+        relabelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("app".into(), "db".into());
+        api.replace("vm-2", &PostParams::default(), &relabelled)
+            .await
+            .unwrap();
+        assert!(!confirmed(&test, &service, &[vm_2]).await, "relabelled");
+
+        // Deleted, then created again under its name: another workload (another uid).
+        api.delete("vm-2", &DeleteParams::default()).await.unwrap();
+        assert!(!confirmed(&test, &service, &[vm_2]).await, "deleted");
+        api.create(&PostParams::default(), &vm("vm-2", "10.0.0.2").build())
+            .await
+            .unwrap();
+        assert!(!confirmed(&test, &service, &[vm_2]).await, "recreated");
+        assert_eq!(
+            test.calls()
+                .iter()
+                .filter(|call| call.starts_with("GET"))
+                .count(),
+            8,
+            "a GET of the Service and one of the workload per confirmation: {:?}",
+            test.calls()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_service_whose_selector_changed_or_that_was_deleted_confirms_nothing() {
+        let test = TestApi::new();
+        let (service, _) = stored(&test, &[]).await;
+        assert!(confirmed(&test, &service, &[]).await, "as cached");
+        let services: Api<Service> = Api::namespaced(test.server.client("other"), NAMESPACE);
+        let mut changed = services.get("web").await.unwrap();
+        changed
+            .spec
+            .get_or_insert_default()
+            .selector
+            .get_or_insert_default()
+            .insert("app".into(), "api".into());
+        services
+            .replace("web", &PostParams::default(), &changed)
+            .await
+            .unwrap();
+        assert!(!confirmed(&test, &service, &[]).await, "selector changed");
+        services
+            .delete("web", &DeleteParams::default())
+            .await
+            .unwrap();
+        assert!(!confirmed(&test, &service, &[]).await, "deleted");
+    }
+
+    #[tokio::test]
+    async fn many_added_workloads_are_read_by_one_list() {
+        let test = TestApi::new();
+        let many: Vec<ExternalWorkload> = (0..=GET_AT_MOST)
+            .map(|index| vm(&format!("vm-{index}"), &format!("10.0.0.{}", index + 1)).build())
+            .collect();
+        let (service, workloads) = stored(&test, &many).await;
+        let read: Vec<&CachedWorkload> = workloads.iter().collect();
+        assert!(confirmed(&test, &service, &read).await, "as cached");
+        workloads_api(&test)
+            .delete("vm-3", &DeleteParams::default())
+            .await
+            .unwrap();
+        assert!(!confirmed(&test, &service, &read).await, "one deleted");
+        let calls = test.calls();
+        let lists = calls
+            .iter()
+            .filter(|call| call.ends_with("/externalworkloads"))
+            .count();
+        let gets = calls
+            .iter()
+            .filter(|call| call.contains("externalworkloads/"))
+            .count();
+        assert_eq!((lists, gets), (2, 0), "{calls:?}");
+    }
+}
