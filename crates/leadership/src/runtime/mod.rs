@@ -394,7 +394,9 @@ where
     /// Runs until `shutdown` is cancelled: registers handlers for each term the elector starts
     /// and deregisters them when it ends. On shutdown: stops intake, drains queued and in-flight
     /// work within the drain timeout (writes still fenced), then releases the lease, then returns
-    /// `Ok`. A follower returns at once.
+    /// `Ok`. If a reconcile is still running then (the drain timed out, or the term was lost
+    /// while draining), the lease is left to expire instead of released, since a write of it may
+    /// still be on the wire. A follower returns at once.
     ///
     /// # Errors
     ///
@@ -519,6 +521,13 @@ where
         if current.is_some() && self.config.safeguards.drain {
             while let Ok(Some(_)) = tokio::time::timeout_at(deadline, workers.join_next()).await {}
         }
+        // A reconcile still running now (its term lost meanwhile, or hanging past the drain
+        // deadline) may have a write on the wire that lands whenever it lands. Released, the
+        // Lease would let the next leader start at once, before that write; left to expire, it
+        // gives the write the same room as a crash does (LeaseDuration after the last renewal,
+        // beyond the fence's RenewDeadline). A worker that panicked leaves its key in flight for
+        // good and is released as before.
+        let abandoned = self.queue.in_flight();
         workers.abort_all();
         if failed.is_some()
             && let Some(term) = &current
@@ -527,7 +536,16 @@ where
             // The other runtimes under this Lease must stop too: the release waits for them.
             elector.give_up(term);
         }
-        elector.release().await?;
+        if failed.is_none() && abandoned > 0 && self.config.safeguards.drain {
+            warn!(
+                in_flight = abandoned,
+                "work still in flight after the drain; leaving the lease to expire instead of \
+                 releasing it"
+            );
+            drop(elector);
+        } else {
+            elector.release().await?;
+        }
         if let Some(term) = current.take() {
             self.gate.stop(term.id());
         }
@@ -565,7 +583,7 @@ where
                         queued = self.queue.depth(),
                         in_flight = self.queue.in_flight(),
                         waiting = self.queue.waiting(),
-                        "drain timed out; releasing the lease anyway"
+                        "drain timed out"
                     );
                     return;
                 }

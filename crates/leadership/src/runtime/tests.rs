@@ -297,7 +297,7 @@ async fn shutdown_drains_queued_and_in_flight_work_then_releases_the_lease() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn shutdown_releases_after_the_drain_timeout_when_work_hangs() {
+async fn shutdown_leaves_the_lease_to_expire_when_work_still_hangs_at_the_drain_timeout() {
     let store = MemoryLeaseStore::new();
     let config = RuntimeConfig {
         drain_timeout: Duration::from_secs(3),
@@ -325,7 +325,9 @@ async fn shutdown_releases_after_the_drain_timeout_when_work_hangs() {
     shutdown.cancel();
     run.await.expect("task").expect("clean shutdown");
     assert_eq!(Instant::now() - started, Duration::from_secs(3));
-    assert_eq!(holder(&store), None);
+    // The hanging call may still land: a standby waits for the Lease to expire, as after a
+    // crash, rather than start before it.
+    assert_eq!(holder(&store).as_deref(), Some("a"), "not released");
 }
 
 #[tokio::test(start_paused = true)]
