@@ -3,7 +3,7 @@
 
 use std::sync::{
     Arc, OnceLock,
-    atomic::{AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
 use tokio::{
@@ -56,6 +56,9 @@ struct Shared {
     ended: OnceLock<Result<(), ElectorError>>,
     /// Handles not yet released or dropped.
     handles: AtomicUsize,
+    /// A handle stopped with work still running ([`ElectorHandle::leave_to_expire`]): the
+    /// Lease is not released when the last handle goes.
+    leave_to_expire: AtomicBool,
     /// Terms to give up, read by the elector task.
     give_up: mpsc::UnboundedSender<u64>,
     metrics: ElectorMetrics,
@@ -81,6 +84,7 @@ impl ElectorHandle {
                 task: Mutex::new(Some(task)),
                 ended: OnceLock::new(),
                 handles: AtomicUsize::new(1),
+                leave_to_expire: AtomicBool::new(false),
                 give_up,
                 metrics,
             }),
@@ -176,11 +180,29 @@ impl ElectorHandle {
                 None => Ok(()),
             };
         }
+        if self.shared.leave_to_expire.load(Ordering::SeqCst) {
+            // Another handle stopped with work still running: no release.
+            self.shared.abort.abort();
+            return Ok(());
+        }
         self.shared.stop.cancel();
         match (reported, self.shared.ended().await) {
             // Its end was already reported (by `lost`): it ended without being asked to.
             (Some(_), Ok(())) => Err(ElectorError::Exited),
             (_, result) => result,
+        }
+    }
+
+    /// Stops this handle without releasing the Lease, for a runtime that stops while work of
+    /// its term is still running: a write of that work may still be on the wire, and a released
+    /// Lease would let the next leader start before it lands. Left to expire, the Lease gives
+    /// that write the room a crash gives it. The elector stops (renewing nothing more) once
+    /// every handle is released or dropped, and the Lease is not released then either.
+    pub fn leave_to_expire(mut self) {
+        self.released = true;
+        self.shared.leave_to_expire.store(true, Ordering::SeqCst);
+        if self.shared.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shared.abort.abort();
         }
     }
 }

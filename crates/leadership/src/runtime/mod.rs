@@ -542,7 +542,7 @@ where
                 "work still in flight after the drain; leaving the lease to expire instead of \
                  releasing it"
             );
-            drop(elector);
+            elector.leave_to_expire();
         } else {
             elector.release().await?;
         }

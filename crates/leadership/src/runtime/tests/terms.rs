@@ -372,3 +372,47 @@ async fn every_shared_handle_learns_that_the_elector_was_lost() {
     );
     assert!(first.release().await.is_err(), "the last: reports the loss");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_stops_with_work_still_running_keeps_a_shared_lease_from_being_released() {
+    let store = MemoryLeaseStore::new();
+    let first = elector(&store, "a");
+    let second = first.share();
+    first
+        .leadership()
+        .wait_for(Option::is_some)
+        .await
+        .expect("a leads");
+    let (quick, _) = recording_runtime(Duration::from_millis(10));
+    // Its reconcile outlasts the drain timeout (10 s): a call hanging on the wire.
+    let (hanging, _) = recording_runtime(Duration::from_secs(3_600));
+    let hanging_queue = hanging.queue();
+    let (stop_quick, stop_hanging) = (CancellationToken::new(), CancellationToken::new());
+    let quick_run = tokio::spawn(quick.run(first, stop_quick.clone()));
+    let hanging_run = tokio::spawn(hanging.run(second, stop_hanging.clone()));
+    assert!(
+        eventually(Duration::from_millis(100), || hanging_queue.in_flight()
+            == 1)
+        .await
+    );
+
+    // The hanging runtime stops first (at its drain timeout), then the other releases its
+    // handle last: the Lease is still not released.
+    stop_hanging.cancel();
+    hanging_run.await.expect("task").expect("clean shutdown");
+    assert_eq!(holder(&store).as_deref(), Some("a"), "still held");
+    stop_quick.cancel();
+    quick_run.await.expect("task").expect("clean shutdown");
+    assert_eq!(
+        holder(&store).as_deref(),
+        Some("a"),
+        "left to expire: the hanging work may still write"
+    );
+    let renewals = store.writes().len();
+    sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        store.writes().len(),
+        renewals,
+        "the elector renews nothing more"
+    );
+}
