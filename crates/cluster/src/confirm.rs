@@ -31,7 +31,9 @@
 
 use std::collections::HashMap;
 
+use api::v1beta1::ExternalWorkload;
 use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Service;
 use slices::{CachedService, CachedSlice, CachedWorkload, SlicePlan, Token, selects};
 
 use crate::writer::KubeWrites;
@@ -78,7 +80,7 @@ impl<'a> Confirmation<'a> {
         api: &KubeWrites,
         service: &CachedService,
     ) -> Result<bool, kube::Error> {
-        let fresh = api.read_service(&service.namespace, &service.name).await?;
+        let fresh: Option<Service> = api.read(&service.namespace, &service.name).await?;
         let agrees = fresh
             .as_ref()
             .map(CachedService::from)
@@ -91,9 +93,8 @@ impl<'a> Confirmation<'a> {
         }
         let fresh: Vec<Option<CachedWorkload>> = if self.workloads.len() <= GET_AT_MOST {
             try_join_all(self.workloads.iter().map(|workload| async {
-                let fresh = api
-                    .read_workload(&workload.namespace, &workload.name)
-                    .await?;
+                let fresh: Option<ExternalWorkload> =
+                    api.read(&workload.namespace, &workload.name).await?;
                 Ok::<_, kube::Error>(fresh.as_ref().map(CachedWorkload::from))
             }))
             .await?
@@ -186,8 +187,6 @@ fn label_selector(service: &CachedService) -> String {
 
 #[cfg(test)]
 mod tests {
-    use api::v1beta1::ExternalWorkload;
-    use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Api, DeleteParams, PostParams};
     use slices::{

@@ -16,15 +16,17 @@
 use std::{future::Future, time::Duration};
 
 use api::v1beta1::ExternalWorkload;
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     api::{DeleteParams, ListParams, PostParams, Preconditions},
     runtime::events::{Event, Recorder, Reporter},
 };
 use leadership::{Fence, Fenced};
 use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
 use slices::{ServiceKey, SlicePlan, Tracker, Write};
 
 use tokio::time::Instant;
@@ -179,24 +181,17 @@ impl KubeWrites {
         self.bounded(api.delete(name, &params)).await.map(|_| ())
     }
 
-    /// The Service `name` as the API server has it now (a GET without a resourceVersion: read
-    /// from etcd, not the API server's cache); `None` if it does not exist.
-    pub async fn read_service(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Service>, kube::Error> {
-        let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
-        self.bounded(api.get_opt(name)).await
-    }
-
-    /// The workload `name` as the API server has it now (as [`KubeWrites::read_service`]).
-    pub async fn read_workload(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<ExternalWorkload>, kube::Error> {
-        let api: Api<ExternalWorkload> = Api::namespaced(self.client.clone(), namespace);
+    /// The object `name` of kind `K` (a Service or a workload) as the API server has it now (a
+    /// GET without a resourceVersion: read from etcd, not the API server's cache); `None` if it
+    /// does not exist.
+    pub async fn read<K>(&self, namespace: &str, name: &str) -> Result<Option<K>, kube::Error>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), namespace);
         self.bounded(api.get_opt(name)).await
     }
 

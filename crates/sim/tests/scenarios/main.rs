@@ -446,7 +446,7 @@ fn without_the_catch_up_wait_and_the_confirmation_a_deleted_workload_is_put_back
     lost_workload_watch(Some(Safeguard::CatchUp), false);
 }
 
-/// `lost_workload_watch` with the safeguard `off` and, unless `confirm`, the confirmation of
+/// The replica started with the safeguard `off` and, unless `confirm`, the confirmation of
 /// additions off too.
 async fn start_without(off: Option<Safeguard>, confirm: bool) -> Scripted {
     Scripted::start_with(NEVER, off, |config| {
@@ -459,24 +459,8 @@ async fn start_without(off: Option<Safeguard>, confirm: bool) -> Scripted {
 
 fn lost_workload_watch(off: Option<Safeguard>, confirm: bool) {
     run(|| async {
-        let scripted = start_without(off, confirm).await;
-        scripted.apply_service(web().build()).await;
-        scripted
-            .apply_workload(vm("vm-1", "10.0.0.1").build())
-            .await;
-        scripted
-            .apply_workload(vm("vm-2", "10.0.0.2").build())
-            .await;
-        scripted.lead().await;
-        scripted
-            .wait_published("web", &["10.0.0.1", "10.0.0.2"])
-            .await;
         // vm-2 leaves web: its removal is published.
-        scripted
-            .apply_workload(vm("vm-2", "10.0.0.2").label("app", "db").build())
-            .await;
-        scripted.wait_published("web", &["10.0.0.1"]).await;
-        scripted.settle().await;
+        let scripted = leading_without_web_vm_2(off, confirm).await;
 
         // The workload watch goes silent; at the stall bound it is restarted on a new
         // connection (its stream lost), and the new streams stay silent too.
@@ -584,7 +568,7 @@ fn lagging_watch(
     change: impl AsyncFnOnce(&Scripted),
 ) {
     run(|| async {
-        let scripted = leading_without_web_vm_2(confirm).await;
+        let scripted = leading_without_web_vm_2(None, confirm).await;
         scripted.link().hold_watches_of(resource);
         change(&scripted).await;
         sleep(Duration::from_secs(5)).await;
@@ -606,9 +590,10 @@ fn lagging_watch(
 }
 
 /// The replica leading, web selecting vm-1 and vm-2, then vm-2 relabelled out of web: its
-/// removal published and seen back. The confirmation of additions is off unless `confirm`.
-async fn leading_without_web_vm_2(confirm: bool) -> Scripted {
-    let scripted = start_without(None, confirm).await;
+/// removal published and seen back. The safeguard `off` is switched off, and the confirmation
+/// of additions too unless `confirm`.
+async fn leading_without_web_vm_2(off: Option<Safeguard>, confirm: bool) -> Scripted {
+    let scripted = start_without(off, confirm).await;
     scripted.apply_service(web().build()).await;
     scripted
         .apply_workload(vm("vm-1", "10.0.0.1").build())

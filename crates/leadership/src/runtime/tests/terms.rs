@@ -45,6 +45,18 @@ fn recording_runtime(work: Duration) -> (Runtime<u32, u64, Fenced>, Arc<Seen>) {
     (runtime, seen)
 }
 
+/// Two handles on one elector of "a" (one per runtime), once "a" leads.
+async fn two_handles_leading(store: &MemoryLeaseStore) -> (ElectorHandle, ElectorHandle) {
+    let first = elector(store, "a");
+    let second = first.share();
+    first
+        .leadership()
+        .wait_for(Option::is_some)
+        .await
+        .expect("a leads");
+    (first, second)
+}
+
 #[tokio::test(start_paused = true)]
 async fn two_runtimes_under_one_lease_stop_at_a_terms_end_and_start_fresh_at_the_next() {
     let store = MemoryLeaseStore::new();
@@ -106,13 +118,7 @@ async fn two_runtimes_under_one_lease_stop_at_a_terms_end_and_start_fresh_at_the
 #[tokio::test(start_paused = true)]
 async fn a_shared_lease_is_released_only_once_every_runtime_has_drained() {
     let store = MemoryLeaseStore::new();
-    let first = elector(&store, "a");
-    let second = first.share();
-    first
-        .leadership()
-        .wait_for(Option::is_some)
-        .await
-        .expect("a leads");
+    let (first, second) = two_handles_leading(&store).await;
     let (quick, _) = recording_runtime(Duration::from_millis(10));
     let (slow, slow_seen) = recording_runtime(Duration::from_secs(2));
     let shutdown = CancellationToken::new();
@@ -142,13 +148,7 @@ async fn a_shared_lease_is_released_only_once_every_runtime_has_drained() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_reconcile_ends_the_term_for_every_runtime_under_the_lease() {
     let store = MemoryLeaseStore::new();
-    let first = elector(&store, "a");
-    let second = first.share();
-    first
-        .leadership()
-        .wait_for(Option::is_some)
-        .await
-        .expect("a leads");
+    let (first, second) = two_handles_leading(&store).await;
     let standby = elector(&store, "b");
     sleep(Duration::from_millis(700)).await; // b has polled and watches the Lease
     let panicking = Runtime::new(
@@ -376,13 +376,7 @@ async fn every_shared_handle_learns_that_the_elector_was_lost() {
 #[tokio::test(start_paused = true)]
 async fn a_runtime_that_stops_with_work_still_running_keeps_a_shared_lease_from_being_released() {
     let store = MemoryLeaseStore::new();
-    let first = elector(&store, "a");
-    let second = first.share();
-    first
-        .leadership()
-        .wait_for(Option::is_some)
-        .await
-        .expect("a leads");
+    let (first, second) = two_handles_leading(&store).await;
     let (quick, _) = recording_runtime(Duration::from_millis(10));
     // Its reconcile outlasts the drain timeout (10 s): a call hanging on the wire.
     let (hanging, _) = recording_runtime(Duration::from_secs(3_600));
