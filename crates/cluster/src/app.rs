@@ -12,27 +12,29 @@ use crate::{
     handlers,
     metrics::Metrics,
     reconcile::{ReconcileError, Shared, TermState, reconcile},
-    watch::fresh::Freshness,
+    view::Wait,
+    watch::fresh::Barrier,
 };
 
 /// The slice reconciler behind the acquisition barrier: a term replays only once every cache
 /// has been shown at least as new as a version read from the API server after the acquisition.
 pub struct App {
     shared: Arc<Shared>,
-    freshness: Arc<Freshness>,
+    barrier_kinds: Arc<Barrier>,
     metrics: Metrics,
-    /// `false` only in tests that switch the barrier off ([`crate::Safeguards`]).
+    /// `false` only in tests that switch clause 1 off ([`crate::Safeguards`]).
     barrier: bool,
 }
 
 // === impl App ===
 
 impl App {
-    /// Reconciles with `shared`; `freshness` is the barrier over the caches it reads.
-    pub fn new(shared: Arc<Shared>, freshness: Freshness, metrics: Metrics) -> Self {
+    /// Reconciles with `shared`; `barrier` brings the caches it reads up to each term's
+    /// acquisition point.
+    pub fn new(shared: Arc<Shared>, barrier: Barrier, metrics: Metrics) -> Self {
         Self {
             shared,
-            freshness: Arc::new(freshness),
+            barrier_kinds: Arc::new(barrier),
             metrics,
             barrier: true,
         }
@@ -51,8 +53,8 @@ impl Reconciler for App {
     type Error = ReconcileError;
 
     fn prepare_term(&self, term: &Term) -> impl Future<Output = ()> + Send + 'static {
-        let freshness = self.freshness.clone();
-        let gauge = self.metrics.acquire_barrier_seconds.clone();
+        let kinds = self.barrier_kinds.clone();
+        let metrics = self.metrics.clone();
         let term = term.id();
         let barrier = self.barrier;
         async move {
@@ -63,8 +65,9 @@ impl Reconciler for App {
                 );
                 return;
             }
-            let (took, proofs) = freshness.bring_up_to_date().await;
-            gauge.set(took.as_secs_f64());
+            metrics.count_wait(Wait::acquiring);
+            let (took, proofs) = kinds.bring_up_to_date().await;
+            metrics.acquire_barrier_seconds.set(took.as_secs_f64());
             tracing::info!(
                 term,
                 barrier_ms = took.as_millis() as u64,

@@ -1,29 +1,22 @@
-//! Confirmed additions: a workload goes into a Service's slices only if the API server, read
-//! after the plan, still has the Service selecting it by the same selector, and (when the caches
-//! could disagree about it) still has the workload.
+//! Clause 3's fallback (docs/architecture.md, "A fresh view"): where the watermarks cannot show
+//! that a pass's view is at least as new as what an addition follows from ([`crate::view`]), the
+//! API server is read, and the addition is written only if it agrees with the view.
 //!
-//! Each cache is fed by its own watch, and a watch can run behind the API server or behind
-//! another watch: the API server keeps a watch cache per resource, and a slow stream delays one
-//! kind only. Removing or updating an endpoint that is already published cannot bring anything
-//! back, so only additions are confirmed:
+//! - the Service (a GET), when the Service watch has not read up to an added workload's version:
+//!   a selector change it has not delivered could make the addition wrong (the selector changed,
+//!   then the workload's labels matched the old one). It must still exist with the same uid and
+//!   selector.
+//! - an added workload, when the workload watch has not read up to the Service's version (a GET
+//!   each, up to [`GET_AT_MOST`]; above that, one LIST by the Service's selector, so a replay of
+//!   many additions costs one read): a selector change could re-select a workload deleted just
+//!   before it, whose deletion the workload watch has not delivered. Each must still exist with
+//!   the same uid and be selected.
 //!
-//! - the Service, always (a GET): a plan whose Service view is behind could add a workload by a
-//!   selector the Service has since left (the selector changed, then the workload's labels
-//!   matched the old one, or a repair of someone else's edit re-adds an endpoint the new selector
-//!   no longer wants). It must still exist with the same uid and selector.
-//! - the added workloads, when the Service is newer than the newest version the workload watch
-//!   has read (a GET each, up to [`GET_AT_MOST`]; above that, one LIST by the Service's
-//!   selector): a selector change could re-select a workload deleted just before it, whose
-//!   deletion the workload watch has not delivered. Each must still exist with the same uid and
-//!   be selected. When the workload cache has read past the Service, a plan that adds a
-//!   workload deleted since only repeats what its own leader has not yet taken out: nothing
-//!   published comes back.
-//!
-//! A GET without a resourceVersion is served from etcd (a quorum read, not the API server's
-//! watch cache), so it shows every change made before it. A version that is not a number counts
-//! as newer than anything. When a read disagrees with the cache, nothing is written: the
-//! reconcile looks again shortly, when the lagging watch has delivered more. Passes that add
-//! nothing (readiness, addresses, removals, a replay that finds the slices right) read nothing.
+//! A GET or LIST without a resourceVersion is a consistent read (served from etcd, or once the
+//! API server's cache has caught up with it), so it shows every change made before it. When a
+//! read disagrees with the view, nothing is written: the reconcile looks again shortly, when the
+//! lagging watch has delivered more. Passes that add nothing (readiness, addresses, removals, a
+//! replay that finds the slices right) read nothing.
 //!
 //! Between the read and the write the world can move on again (a workload deleted a moment after
 //! the GET). That is an ordinary race: the removal is published by this leader after its write,
@@ -41,45 +34,15 @@ use crate::writer::KubeWrites;
 /// Added workloads read one GET each up to this many; more are read by one LIST.
 pub const GET_AT_MOST: usize = 8;
 
-/// What must be read from the API server before a plan's additions are written: the Service,
-/// and these added workloads (none unless the Service is newer than the workload cache).
-#[derive(Debug, Default)]
-pub struct Confirmation<'a> {
-    /// The added workloads to read.
-    pub workloads: Vec<&'a CachedWorkload>,
-}
-
-// === impl Confirmation ===
-
-impl<'a> Confirmation<'a> {
-    /// What `plan` adds to the Service's `existing` slices, of the `workloads` it was planned
-    /// from, and what of it must be read given the newest version the workload watch had read
-    /// when the plan's view was taken (`workloads_read`; 0: none, or not a number). `None` when
-    /// the plan adds nothing.
-    pub fn needed(
-        service: &CachedService,
-        plan: &SlicePlan,
-        existing: &[&CachedSlice],
-        workloads: &[&'a CachedWorkload],
-        workloads_read: u64,
-    ) -> Option<Self> {
-        let added = added(plan, existing, workloads);
-        if added.is_empty() {
-            return None;
-        }
-        let service_newer = version(service.resource_version.as_ref()) > workloads_read;
-        Some(Confirmation {
-            workloads: if service_newer { added } else { Vec::new() },
-        })
-    }
-
-    /// Whether the API server agrees: the Service exists with the same uid and selector, and
-    /// each workload to read exists with the same uid and is selected.
-    pub async fn confirm(
-        &self,
-        api: &KubeWrites,
-        service: &CachedService,
-    ) -> Result<bool, kube::Error> {
+/// Whether the API server agrees with the view: the Service (if `read_service`) exists with
+/// the same uid and selector, and each of `workloads` exists with the same uid and is selected.
+pub async fn confirm(
+    api: &KubeWrites,
+    service: &CachedService,
+    read_service: bool,
+    workloads: &[&CachedWorkload],
+) -> Result<bool, kube::Error> {
+    if read_service {
         let fresh: Option<Service> = api.read(&service.namespace, &service.name).await?;
         let agrees = fresh
             .as_ref()
@@ -88,43 +51,43 @@ impl<'a> Confirmation<'a> {
         if !agrees {
             return Ok(false);
         }
-        if self.workloads.is_empty() {
-            return Ok(true);
-        }
-        let fresh: Vec<Option<CachedWorkload>> = if self.workloads.len() <= GET_AT_MOST {
-            try_join_all(self.workloads.iter().map(|workload| async {
-                let fresh: Option<ExternalWorkload> =
-                    api.read(&workload.namespace, &workload.name).await?;
-                Ok::<_, kube::Error>(fresh.as_ref().map(CachedWorkload::from))
-            }))
-            .await?
-        } else {
-            let selector = label_selector(service);
-            let listed: HashMap<String, CachedWorkload> = api
-                .list_workloads(&service.namespace, &selector)
-                .await?
-                .iter()
-                .map(|workload| {
-                    let cached = CachedWorkload::from(workload);
-                    (cached.name.to_string(), cached)
-                })
-                .collect();
-            self.workloads
-                .iter()
-                .map(|workload| listed.get(&*workload.name).cloned())
-                .collect()
-        };
-        Ok(self.workloads.iter().zip(&fresh).all(|(cached, fresh)| {
-            fresh
-                .as_ref()
-                .is_some_and(|fresh| fresh.uid == cached.uid && selects(service, fresh))
-        }))
     }
+    if workloads.is_empty() {
+        return Ok(true);
+    }
+    let fresh: Vec<Option<CachedWorkload>> = if workloads.len() <= GET_AT_MOST {
+        try_join_all(workloads.iter().map(|workload| async {
+            let fresh: Option<ExternalWorkload> =
+                api.read(&workload.namespace, &workload.name).await?;
+            Ok::<_, kube::Error>(fresh.as_ref().map(CachedWorkload::from))
+        }))
+        .await?
+    } else {
+        let selector = label_selector(service);
+        let listed: HashMap<String, CachedWorkload> = api
+            .list_workloads(&service.namespace, &selector)
+            .await?
+            .iter()
+            .map(|workload| {
+                let cached = CachedWorkload::from(workload);
+                (cached.name.to_string(), cached)
+            })
+            .collect();
+        workloads
+            .iter()
+            .map(|workload| listed.get(&*workload.name).cloned())
+            .collect()
+    };
+    Ok(workloads.iter().zip(&fresh).all(|(cached, fresh)| {
+        fresh
+            .as_ref()
+            .is_some_and(|fresh| fresh.uid == cached.uid && selects(service, fresh))
+    }))
 }
 
 /// The `workloads` whose endpoints `plan` writes into slices where none of the Service's
 /// `existing` slices holds them (by name, and by uid where both have one).
-fn added<'a>(
+pub fn added<'a>(
     plan: &SlicePlan,
     existing: &[&CachedSlice],
     workloads: &[&'a CachedWorkload],
@@ -165,15 +128,6 @@ fn added<'a>(
     added
 }
 
-/// A resourceVersion as a number; a missing one, or one that is not a number, is newer than
-/// anything (`u64::MAX`), so that it is always confirmed.
-fn version(version: Option<&Token>) -> u64 {
-    match version {
-        Some(Token::Number(number)) => *number,
-        _ => u64::MAX,
-    }
-}
-
 /// The Service's selector as a label selector (`k=v,k2=v2`).
 fn label_selector(service: &CachedService) -> String {
     service
@@ -196,9 +150,11 @@ mod tests {
 
     use super::*;
     use crate::test_api::TestApi;
+    use crate::view::{Admission, Marks, View, admit};
 
     /// A plan for `service` and `workloads` over `existing`, and the workloads to read with the
-    /// Service to confirm it (`None`: nothing to confirm).
+    /// Service to confirm it when the Service watch has read nothing and the workload watch up
+    /// to `workloads_read` (`None`: nothing to confirm).
     fn needs(
         service: &Service,
         workloads: &[ExternalWorkload],
@@ -210,18 +166,38 @@ mod tests {
         let slices: Vec<&EndpointSlice> = existing.iter().collect();
         let plan = plan_slices(service, &refs, &slices, &config, &time(1));
         let cached_service = CachedService::from(service);
-        let cached: Vec<CachedWorkload> = workloads.iter().map(CachedWorkload::from).collect();
+        // Every workload as the watch delivered it, at version 10.
+        let cached: Vec<CachedWorkload> = workloads
+            .iter()
+            .map(|workload| {
+                let mut workload = workload.clone();
+                workload.metadata.resource_version = Some("10".into());
+                CachedWorkload::from(&workload)
+            })
+            .collect();
         let cached: Vec<&CachedWorkload> = cached.iter().collect();
         let held: Vec<CachedSlice> = existing.iter().map(CachedSlice::from).collect();
         let held: Vec<&CachedSlice> = held.iter().collect();
-        let confirmation =
-            Confirmation::needed(&cached_service, &plan, &held, &cached, workloads_read)?;
-        let names = confirmation
-            .workloads
-            .iter()
-            .map(|workload| workload.name.to_string())
-            .collect();
-        Some(names)
+        let view = View {
+            unresolved_write: false,
+            service: &cached_service,
+            added: added(&plan, &held, &cached),
+            marks: Marks {
+                services: 0,
+                workloads: workloads_read,
+                slices: 0,
+            },
+        };
+        match admit(&view) {
+            Admission::Write => None,
+            Admission::ReadBack => panic!("nothing unresolved"),
+            Admission::Confirm { workloads, .. } => Some(
+                workloads
+                    .iter()
+                    .map(|workload| workload.name.to_string())
+                    .collect(),
+            ),
+        }
     }
 
     /// The slices planned for `service` and `workloads` from nothing, named as if created.
@@ -316,12 +292,7 @@ mod tests {
     }
 
     async fn confirmed(test: &TestApi, service: &CachedService, read: &[&CachedWorkload]) -> bool {
-        Confirmation {
-            workloads: read.to_vec(),
-        }
-        .confirm(&test.writes, service)
-        .await
-        .unwrap()
+        confirm(&test.writes, service, true, read).await.unwrap()
     }
 
     #[tokio::test]

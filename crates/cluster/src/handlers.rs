@@ -12,7 +12,7 @@
 //! This module depends on the caches only: the reconcile (which uses [`replay`] and
 //! [`TermState`]) sits above it, the wiring above both.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use leadership::{Dispatcher, TermContext};
 use parking_lot::Mutex;
@@ -34,12 +34,9 @@ pub type Context = TermContext<ServiceKey, TermState>;
 
 /// Per-term state: built fresh for every term (the stale-tracker scenario, docs/slices.md).
 pub struct TermState {
-    /// What this term wrote and deleted: the slice handler skips our own writes coming back,
-    /// the reconcile waits until the cache shows them.
+    /// What this term wrote and deleted: the slice handler skips our own writes coming back;
+    /// a Service whose write had an unknown outcome is read back before it is planned again.
     pub tracker: Mutex<Tracker>,
-    /// Since when each Service has been waiting on a cache behind this term's writes (the
-    /// reconcile gives up waiting after its stale limit).
-    pub stale_since: Mutex<HashMap<ServiceKey, Instant>>,
     /// Each queued key's trigger and the time it spends in each stage.
     pub timing: Timing,
 }
@@ -51,7 +48,6 @@ impl TermState {
     pub fn new(metrics: TimingMetrics) -> Self {
         Self {
             tracker: Mutex::default(),
-            stale_since: Mutex::default(),
             timing: Timing::new(metrics),
         }
     }
@@ -140,9 +136,8 @@ pub fn on_workload(context: &Context, caches: &Caches, change: &Change<CachedWor
     }
 }
 
-/// A managed slice change names its Service, unless it is this term's own write coming back.
-/// Our own write coming back wakes its Service at once if a reconcile of it found the cache
-/// behind this term's writes (instead of waiting for the stale retry).
+/// A managed slice change names its Service, unless it is this term's own write coming back
+/// (the cache already holds its answer: nothing waits for the echo).
 pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<CachedSlice>) {
     let keys = {
         let mut tracker = context.state().tracker.lock();
@@ -156,25 +151,12 @@ pub fn on_slice(context: &Context, config: &slices::Config, change: &Change<Cach
     };
     if keys.is_empty() {
         if let Some(slice) = change.new.as_deref().or(change.old.as_deref()) {
-            own_write_seen(context, slice);
+            context.state().timing.echoed(&slice.namespace, &slice.name);
         }
         return;
     }
     for key in keys {
         trigger(context, key);
-    }
-}
-
-/// Our own write (or delete) of `slice` came back through the watch.
-fn own_write_seen(context: &Context, slice: &CachedSlice) {
-    let timing = &context.state().timing;
-    timing.echoed(&slice.namespace, &slice.name);
-    let Some(service) = slice.labels.get(slices::SERVICE_NAME_LABEL) else {
-        return;
-    };
-    let key = ServiceKey::new(&*slice.namespace, service);
-    if timing.waits_for_cache(&key) {
-        context.enqueue(key);
     }
 }
 

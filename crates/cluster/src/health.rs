@@ -8,7 +8,7 @@ use prometheus_client::{
     metrics::{MetricType, gauge::ConstGauge},
 };
 
-use crate::{metrics::KindLabels, watch::health::KindHealth};
+use crate::{metrics::KindLabels, view::Marks, watch::health::KindHealth};
 
 /// The health of the three caches (Service, ExternalWorkload, EndpointSlice): readiness and the
 /// per-kind gauges `cache_age_seconds` and `cache_ready`.
@@ -30,10 +30,15 @@ impl CacheHealth {
         (*self.kinds).clone()
     }
 
-    /// The newest version the workload watch has read (0: none, or not a number).
-    pub(crate) fn workloads_read(&self) -> u64 {
-        let [_services, workloads, _slices] = &*self.kinds;
-        workloads.read_version()
+    /// The watermarks: how far each kind's watch has read (the fresh-view rule's one record
+    /// of it, `view::Marks`).
+    pub(crate) fn marks(&self) -> Marks {
+        let [services, workloads, slices] = &*self.kinds;
+        Marks {
+            services: services.read_version(),
+            workloads: workloads.read_version(),
+            slices: slices.read_version(),
+        }
     }
 
     /// Whether every cache can be trusted now: synced, its watch not stalled, and not
@@ -47,13 +52,6 @@ impl CacheHealth {
     /// (`KindHealth::is_caught_up`).
     pub fn is_caught_up(&self) -> bool {
         self.kinds.iter().all(|kind| kind.is_caught_up())
-    }
-
-    /// Waits until [`CacheHealth::is_caught_up`].
-    pub(crate) async fn caught_up(&self) {
-        for kind in self.kinds.iter() {
-            kind.caught_up().await;
-        }
     }
 
     /// Waits until every cache has its first complete list.

@@ -31,6 +31,7 @@ mod store;
 #[cfg(test)]
 mod test_api;
 mod timing;
+mod view;
 mod watch;
 mod writer;
 
@@ -57,14 +58,14 @@ use crate::{
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, TermState},
     watch::{
-        fresh::{self, CachedCount, Freshness, ReadVersion},
+        fresh::{self, Barrier, CachedCount, ReadVersion},
         health::{Command, KindHealth, version_number},
         source::{Source, WatchCounters},
     },
     writer::{KubeWrites, WriteRate},
 };
 pub use crate::{
-    health::CacheHealth, preview::plan_all, reconcile::STALE_RETRY, safeguards::Safeguards,
+    health::CacheHealth, preview::plan_all, reconcile::VIEW_RETRY, safeguards::Safeguards,
 };
 
 /// Everything the controller is configured with.
@@ -79,8 +80,6 @@ pub struct ControllerConfig {
     pub coordinated: Option<CandidateConfig>,
     /// Workers, drain timeout, fence margin, resync period, queue pacing.
     pub runtime: RuntimeConfig,
-    /// How long a Service may wait on a cache that does not catch up with this term's writes.
-    pub stale_limit: std::time::Duration,
     /// Watch only this namespace; all namespaces when `None`.
     pub namespace: Option<String>,
     /// A watch that delivers nothing (no event, no bookmark) for this long is stalled: it is
@@ -152,7 +151,7 @@ impl Controller {
         let health = CacheHealth::new([services.clone(), workloads.clone(), slices.clone()]);
         registry.register_collector(Box::new(health.clone()));
         let selector = slice_selector(&config.slices);
-        let freshness = Freshness::new(vec![
+        let barrier = Barrier::new(vec![
             fresh::Kind {
                 health: services,
                 read: read_version(api_for::<Service>(&client, &config), None),
@@ -176,13 +175,12 @@ impl Controller {
             diagnostics: Diagnostics::default(),
             metrics: metrics.clone(),
             write_rate: WriteRate::new(config.write_qps),
-            stale_limit: config.stale_limit,
             health: health.clone(),
-            catch_up: config.safeguards.catch_up,
-            confirm_additions: config.safeguards.confirm_additions,
+            own_writes: config.safeguards.own_writes,
+            additions: config.safeguards.additions,
         });
-        let app =
-            App::new(shared, freshness, metrics.clone()).with_barrier(config.safeguards.barrier);
+        let app = App::new(shared, barrier, metrics.clone())
+            .with_barrier(config.safeguards.acquisition_point);
         let runtime = Runtime::new(config.runtime.clone(), app);
         let elector = match &config.coordinated {
             Some(candidate) => LeaseElector::coordinated_for_client(

@@ -155,9 +155,9 @@ impl<K: Kind> Relist<'_, K> {
     pub fn finish(self) {
         let caches = self.caches;
         match K::KIND {
-            CachedKind::Service => drop(caches.services.finish_relist(self.relist)),
-            CachedKind::ExternalWorkload => drop(caches.workloads.finish_relist(self.relist)),
-            CachedKind::EndpointSlice => drop(caches.slices.finish_relist(self.relist)),
+            CachedKind::Service => drop(caches.services.finish_relist(self.relist, 0)),
+            CachedKind::ExternalWorkload => drop(caches.workloads.finish_relist(self.relist, 0)),
+            CachedKind::EndpointSlice => drop(caches.slices.finish_relist(self.relist, 0)),
         }
     }
 }

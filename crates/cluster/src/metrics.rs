@@ -16,7 +16,10 @@ use prometheus_client::{
 use leadership::{ElectorMetrics, FenceMetrics, LeaderGauges, Leadership, QueueMetrics};
 use slices::ProblemKind;
 
-use crate::timing::TimingMetrics;
+use crate::{
+    timing::TimingMetrics,
+    view::{Wait, WaitLabels},
+};
 
 /// Counters and histograms the reconcile path updates.
 #[derive(Clone, Debug)]
@@ -27,10 +30,8 @@ pub struct Metrics {
     pub slice_writes: Family<WriteLabels, Counter>,
     /// Slice writes that failed, by operation.
     pub slice_write_errors: Family<WriteLabels, Counter>,
-    /// Reconciles postponed because the cache was behind our own writes.
-    pub stale_cache_retries: Counter,
-    /// Reconciles postponed because the API server did not confirm a planned addition.
-    pub unconfirmed_additions: Counter,
+    /// Waits of the fresh-view rule, by reason (docs/architecture.md, "A fresh view").
+    pub view_waits: Family<WaitLabels, Counter>,
     /// Workload values left out of slices, by reason.
     pub invalid_workload_data: Family<ReasonLabels, Counter>,
     /// Warning Events published on Services.
@@ -53,8 +54,9 @@ pub struct Metrics {
 pub enum Outcome {
     /// Planned and wrote (or had nothing to write).
     Ok,
-    /// The cache was behind this term's writes; retried shortly without writing.
-    Stale,
+    /// The view did not satisfy the fresh-view rule (`view_waits_total` says why); retried
+    /// shortly without writing.
+    Waited,
     /// A write was refused by the fence: the term is over (not retried; the next term replays)
     /// or the lease is not safely held right now (retried shortly).
     Fenced,
@@ -63,21 +65,17 @@ pub enum Outcome {
     Conflict,
     /// An API call failed; retried with backoff.
     Error,
-    /// A watch had lost its stream and its cache had not yet caught up; nothing planned,
-    /// looked at again once it has.
-    CatchingUp,
 }
 
 #[cfg(test)]
 impl Outcome {
     /// Every outcome, in the order the docs list them.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 5] = [
         Outcome::Ok,
-        Outcome::Stale,
+        Outcome::Waited,
         Outcome::Fenced,
         Outcome::Conflict,
         Outcome::Error,
-        Outcome::CatchingUp,
     ];
 }
 
@@ -144,6 +142,11 @@ pub struct LeadershipCollector {
 // === impl Metrics ===
 
 impl Metrics {
+    /// Counts one wait of the fresh-view rule.
+    pub fn count_wait(&self, reason: Wait) {
+        self.view_waits.get_or_create(&WaitLabels { reason }).inc();
+    }
+
     /// Creates the metrics and registers them in `registry` (which should carry the
     /// `external_endpoints` prefix).
     pub fn register(registry: &mut Registry) -> Self {
@@ -153,8 +156,7 @@ impl Metrics {
             }),
             slice_writes: Family::default(),
             slice_write_errors: Family::default(),
-            stale_cache_retries: Counter::default(),
-            unconfirmed_additions: Counter::default(),
+            view_waits: Family::default(),
             invalid_workload_data: Family::default(),
             events_published: Counter::default(),
             watch_errors: Family::default(),
@@ -169,6 +171,12 @@ impl Metrics {
             let labels = WriteLabels { operation };
             metrics.slice_writes.get_or_create(&labels).inc_by(0);
             metrics.slice_write_errors.get_or_create(&labels).inc_by(0);
+        }
+        for reason in Wait::ALL {
+            metrics
+                .view_waits
+                .get_or_create(&WaitLabels { reason })
+                .inc_by(0);
         }
         for kind in ProblemKind::ALL {
             metrics
@@ -192,15 +200,12 @@ impl Metrics {
             metrics.slice_write_errors.clone(),
         );
         registry.register(
-            "stale_cache_retries",
-            "Reconciles postponed because the cache had not caught up with this term's writes",
-            metrics.stale_cache_retries.clone(),
-        );
-        registry.register(
-            "unconfirmed_additions",
-            "Reconciles postponed because the API server no longer had a workload the plan would \
-             add, or the Service no longer selected it (one watch behind another)",
-            metrics.unconfirmed_additions.clone(),
+            "view_waits",
+            "Waits of the fresh-view rule, by reason: a new term brought up to its acquisition \
+             point (acquiring), a Service's slices read back after a write of unknown outcome \
+             (own_writes), an addition the API server did not confirm (unconfirmed, or \
+             lost_watch while a watch catches up)",
+            metrics.view_waits.clone(),
         );
         registry.register(
             "invalid_workload_data",

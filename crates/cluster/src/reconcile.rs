@@ -1,10 +1,10 @@
-//! One reconcile: caches → stale check → plan → fenced writes → tracker.
+//! One reconcile: caches → plan → the fresh-view rule ([`crate::view::admit`]) → fenced writes.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use leadership::{Action, Fenced, TermContext};
-use slices::{CachedSlice, CachedWorkload, Freshness, ServiceKey, plan_cached};
+use slices::{CachedSlice, CachedWorkload, ServiceKey, plan_cached};
 use tokio::time::Instant;
 
 // `TermState` lives beside the handlers that share it, so handlers never import this module;
@@ -12,26 +12,29 @@ use tokio::time::Instant;
 pub use crate::handlers::TermState;
 use crate::{
     caches::Caches,
-    confirm::Confirmation,
+    confirm,
     events::Diagnostics,
     health::CacheHealth,
     metrics::{Metrics, Outcome, OutcomeLabels},
-    timing::{Began, Stage, Timing, Wait},
+    timing::{Began, Stage, Timing, Wait as Waiting},
+    view::{self, Admission, View, Wait},
     writer::{KubeWrites, Pass, WriteError, WriteRate, write_plan},
 };
 
-/// How soon a Service is looked at again when the cache has not caught up with our writes.
-pub const STALE_RETRY: Duration = Duration::from_millis(100);
+/// How soon a Service is looked at again when its view did not satisfy the fresh-view rule
+/// (an addition the API server did not confirm): the lagging watch has delivered more by then.
+pub const VIEW_RETRY: Duration = Duration::from_millis(200);
 
-/// How soon a Service is looked at again after a write conflict.
-pub const CONFLICT_RETRY: Duration = Duration::from_millis(250);
+/// How soon a Service is looked at again after a write conflict (its slices are read back
+/// first, not waited for through the watch).
+pub const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 
 /// How soon a Service is looked at again when the lease is not safely held right now.
 pub const FENCED_RETRY: Duration = Duration::from_secs(1);
 
-/// How long a reconcile waits for a cache whose watch lost its stream to catch up before it
-/// gives its worker back; the Service is then looked at again after as long.
-pub const CATCH_UP_WAIT: Duration = Duration::from_secs(1);
+/// At most this many read-backs of one Service's slices in one reconcile (a writer that keeps
+/// changing them is met with the conflict's retry instead).
+const READ_BACKS_AT_MOST: usize = 2;
 
 /// What every reconcile shares.
 pub struct Shared {
@@ -47,17 +50,15 @@ pub struct Shared {
     pub metrics: Metrics,
     /// The client-side limit of slice writes per second.
     pub write_rate: WriteRate,
-    /// How long a Service may wait on a cache that never catches up before the tracker's
-    /// records for it are dropped (a safety valve; it should never be reached).
-    pub stale_limit: Duration,
-    /// The caches' watches: nothing is planned while one has not caught up since it lost its
+    /// The caches' watches: their watermarks, and whether one is catching up after losing its
     /// stream.
     pub health: CacheHealth,
-    /// `false` only in tests that switch the wait for a lost watch off ([`crate::Safeguards`]).
-    pub catch_up: bool,
-    /// `false` only in tests that switch the confirmation of additions off
+    /// `false` only in tests that switch clause 2 of the fresh-view rule off
     /// ([`crate::Safeguards`]).
-    pub confirm_additions: bool,
+    pub own_writes: bool,
+    /// `false` only in tests that switch clause 3 of the fresh-view rule off
+    /// ([`crate::Safeguards`]).
+    pub additions: bool,
 }
 
 /// Why a reconcile failed (the queue retries it with backoff).
@@ -69,6 +70,10 @@ pub enum ReconcileError {
     /// A read confirming the plan's additions failed. Retryable.
     #[error("reading to confirm the plan's additions failed: {0}")]
     Confirm(#[source] kube::Error),
+    /// Reading back the Service's slices after a write of unknown outcome failed. Retryable:
+    /// the Service stays held until a read succeeds.
+    #[error("reading back the Service's slices failed: {0}")]
+    ReadBack(#[source] kube::Error),
 }
 
 /// Reconciles the Service `key` within the term of `context`.
@@ -89,7 +94,7 @@ pub async fn reconcile(
     timing.end(
         &key,
         began,
-        result.as_ref().map_or(Some(Wait::Retry), |p| p.wait()),
+        result.as_ref().map_or(Some(Waiting::Retry), |p| p.wait()),
     );
     shared
         .metrics
@@ -110,18 +115,17 @@ pub async fn reconcile(
 enum ReconcileOutcome {
     /// Planned, and wrote what the plan asked (or nothing was to be written).
     Done,
-    /// The cache is behind this term's writes, or the API server did not confirm an addition
-    /// (one watch behind another): nothing written, look again shortly.
-    Stale,
+    /// The view did not satisfy the fresh-view rule, for this reason: nothing written, look
+    /// again shortly.
+    Waited(Wait),
     /// The term is over: its fence refused a write. Nothing more to do in this term; the next
     /// term replays everything.
     TermEnded,
     /// The lease is not safely held right now: its fence refused a write; look again later.
     NotSafelyHeld,
-    /// A slice changed since the cache showed it (409): plan again once the cache catches up.
+    /// A slice changed since the cache showed it (409): its slices are read back, then planned
+    /// again.
     Conflict,
-    /// A watch lost its stream and its cache has not caught up: nothing planned, look again.
-    CatchingUp,
 }
 
 // === impl ReconcileOutcome ===
@@ -131,20 +135,19 @@ impl ReconcileOutcome {
     fn metric(self) -> Outcome {
         match self {
             ReconcileOutcome::Done => Outcome::Ok,
-            ReconcileOutcome::Stale => Outcome::Stale,
+            ReconcileOutcome::Waited(_) => Outcome::Waited,
             ReconcileOutcome::TermEnded | ReconcileOutcome::NotSafelyHeld => Outcome::Fenced,
             ReconcileOutcome::Conflict => Outcome::Conflict,
-            ReconcileOutcome::CatchingUp => Outcome::CatchingUp,
         }
     }
 
     /// Why the key runs again, if it does (None: its changes are published, or the term is
     /// over).
-    fn wait(self) -> Option<Wait> {
+    fn wait(self) -> Option<Waiting> {
         match self {
             ReconcileOutcome::Done | ReconcileOutcome::TermEnded => None,
-            ReconcileOutcome::Stale | ReconcileOutcome::CatchingUp => Some(Wait::Stale),
-            ReconcileOutcome::NotSafelyHeld | ReconcileOutcome::Conflict => Some(Wait::Retry),
+            ReconcileOutcome::Waited(_) => Some(Waiting::View),
+            ReconcileOutcome::NotSafelyHeld | ReconcileOutcome::Conflict => Some(Waiting::Retry),
         }
     }
 
@@ -153,10 +156,9 @@ impl ReconcileOutcome {
         match self {
             // A term that is over has no queue left to requeue into.
             ReconcileOutcome::Done | ReconcileOutcome::TermEnded => Action::Done,
-            ReconcileOutcome::Stale => Action::RequeueAfter(STALE_RETRY),
+            ReconcileOutcome::Waited(_) => Action::RequeueAfter(VIEW_RETRY),
             ReconcileOutcome::NotSafelyHeld => Action::RequeueAfter(FENCED_RETRY),
             ReconcileOutcome::Conflict => Action::RequeueAfter(CONFLICT_RETRY),
-            ReconcileOutcome::CatchingUp => Action::RequeueAfter(CATCH_UP_WAIT),
         }
     }
 }
@@ -168,112 +170,124 @@ async fn reconcile_inner(
     began: &Began,
 ) -> Result<ReconcileOutcome, ReconcileError> {
     let state = context.state();
-    // A watch that lost its stream (an error, a stall, a 410) may have missed changes that
-    // another kind's watch already shows (a Service re-created after a workload's deletion
-    // the workload watch has not delivered): a plan from both could put back what is gone.
-    // So nothing is planned until every cache has caught up since its loss; the watch's next
-    // stream is a probe, whose bookmark comes about a second after it connects.
-    if shared.catch_up && !shared.health.is_caught_up() {
-        let caught_up = tokio::time::timeout(CATCH_UP_WAIT, shared.health.caught_up()).await;
-        if caught_up.is_err() {
-            tracing::debug!("a watch has not caught up since it lost its stream; looking again");
-            return Ok(ReconcileOutcome::CatchingUp);
-        }
-    }
-    let planning = Instant::now();
-    // Read before the caches: the workload cache holds at least everything up to it.
-    let workloads_read = shared.health.workloads_read();
-    let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
-        // Deleted: its slices go by garbage collection (owner reference).
-        state.tracker.lock().forget(key);
-        state.stale_since.lock().remove(key);
-        state.timing.forget(key);
-        tracing::debug!("service gone; forgetting it");
-        return Ok(ReconcileOutcome::Done);
-    };
-    let cached = shared.caches.slices_of(key);
-    let existing: Vec<&CachedSlice> = cached.iter().map(Arc::as_ref).collect();
-
-    let freshness = state.tracker.lock().check(key, &existing);
-    if let Freshness::Stale(reason) = freshness {
-        let now = Instant::now();
-        let since = *state.stale_since.lock().entry(key.clone()).or_insert(now);
-        if now.duration_since(since) < shared.stale_limit {
-            shared.metrics.stale_cache_retries.inc();
-            tracing::debug!(
-                reason = reason.reason(),
-                "cache behind our writes; retrying shortly"
-            );
-            return Ok(ReconcileOutcome::Stale);
-        }
-        tracing::warn!(
-            reason = reason.reason(),
-            "cache still behind after {:?}; dropping this Service's write records",
-            shared.stale_limit
-        );
-        state.tracker.lock().forget(key);
-    }
-    state.stale_since.lock().remove(key);
-
-    let candidates = shared.caches.candidate_workloads(&service);
-    let workloads: Vec<&CachedWorkload> = candidates.iter().map(Arc::as_ref).collect();
-    // The annotation carries when the change was seen, not when it was planned.
-    let trigger_time = Time(Timing::trigger_time(began));
-    let plan = plan_cached(
-        &service,
-        &workloads,
-        &existing,
-        &shared.config,
-        &trigger_time,
-    );
-    shared
-        .metrics
-        .timing
-        .observe(Stage::plan, planning.elapsed());
-
-    shared
-        .diagnostics
-        .report(
-            &shared.api,
+    let mut read_backs = 0;
+    loop {
+        let planning = Instant::now();
+        // Before the caches: each cache holds at least everything up to its watermark.
+        let marks = shared.health.marks();
+        let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
+            // Deleted: its slices go by garbage collection (owner reference).
+            state.tracker.lock().forget(key);
+            state.timing.forget(key);
+            tracing::debug!("service gone; forgetting it");
+            return Ok(ReconcileOutcome::Done);
+        };
+        let cached = shared.caches.slices_of(key);
+        let existing: Vec<&CachedSlice> = cached.iter().map(Arc::as_ref).collect();
+        let candidates = shared.caches.candidate_workloads(&service);
+        let workloads: Vec<&CachedWorkload> = candidates.iter().map(Arc::as_ref).collect();
+        // The annotation carries when the change was seen, not when it was planned.
+        let trigger_time = Time(Timing::trigger_time(began));
+        let plan = plan_cached(
             &service,
-            key,
-            &plan.diagnostics,
-            context.fence(),
-            &shared.metrics,
-        )
-        .await;
-    if plan.is_empty() {
-        tracing::debug!("slices up to date");
-        return Ok(ReconcileOutcome::Done);
-    }
-    if shared.confirm_additions
-        && let Some(confirmation) =
-            Confirmation::needed(&service, &plan, &existing, &workloads, workloads_read)
-    {
-        let confirmed = confirmation
-            .confirm(&shared.api, &service)
-            .await
-            .map_err(ReconcileError::Confirm)?;
-        if !confirmed {
-            shared.metrics.unconfirmed_additions.inc();
-            tracing::debug!(
-                "the API server no longer has a workload to add, or the Service no longer \
-                 selects it; looking again once the caches catch up"
-            );
-            return Ok(ReconcileOutcome::Stale);
+            &workloads,
+            &existing,
+            &shared.config,
+            &trigger_time,
+        );
+        shared
+            .metrics
+            .timing
+            .observe(Stage::plan, planning.elapsed());
+
+        let view = View {
+            unresolved_write: shared.own_writes
+                && read_backs < READ_BACKS_AT_MOST
+                && state.tracker.lock().needs_read_back(key),
+            service: &service,
+            added: if shared.additions {
+                confirm::added(&plan, &existing, &workloads)
+            } else {
+                Vec::new()
+            },
+            marks,
+        };
+        match view::admit(&view) {
+            Admission::Write => {}
+            Admission::ReadBack => {
+                shared.metrics.count_wait(Wait::own_writes);
+                tracing::debug!(
+                    wait = ?Wait::own_writes,
+                    "a write's outcome is unknown; reading the Service's slices back"
+                );
+                read_back(shared, key).await?;
+                state.tracker.lock().read_back(key);
+                read_backs += 1;
+                continue;
+            }
+            Admission::Confirm {
+                service: read_service,
+                workloads: read,
+            } => {
+                let agrees = confirm::confirm(&shared.api, &service, read_service, &read)
+                    .await
+                    .map_err(ReconcileError::Confirm)?;
+                if !agrees {
+                    // A watch that lost its stream and has not caught up is the likely laggard.
+                    let reason = if shared.health.is_caught_up() {
+                        Wait::unconfirmed
+                    } else {
+                        Wait::lost_watch
+                    };
+                    shared.metrics.count_wait(reason);
+                    tracing::debug!(
+                        wait = ?reason,
+                        ?marks,
+                        "the API server no longer has the Service selecting a workload to add; \
+                         looking again once the watches have read further"
+                    );
+                    return Ok(ReconcileOutcome::Waited(reason));
+                }
+            }
         }
+
+        shared
+            .diagnostics
+            .report(
+                &shared.api,
+                &service,
+                key,
+                &plan.diagnostics,
+                context.fence(),
+                &shared.metrics,
+            )
+            .await;
+        if plan.is_empty() {
+            tracing::debug!("slices up to date");
+            return Ok(ReconcileOutcome::Done);
+        }
+        let pass = Pass {
+            api: &shared.api,
+            key,
+            fence: context.fence(),
+            tracker: &state.tracker,
+            caches: &shared.caches,
+            own_writes: shared.own_writes,
+            metrics: &shared.metrics,
+            rate: &shared.write_rate,
+            timing: &state.timing,
+        };
+        return written(write_plan(&pass, &plan).await, state, began);
     }
-    let fence = context.fence();
-    let pass = Pass {
-        api: &shared.api,
-        key,
-        fence,
-        tracker: &state.tracker,
-        metrics: &shared.metrics,
-        rate: &shared.write_rate,
-        timing: &state.timing,
-    };
-    match write_plan(&pass, &plan).await {
+}
+
+/// What a pass's writes amount to.
+fn written(
+    result: Result<crate::writer::Written, WriteError>,
+    state: &TermState,
+    began: &Began,
+) -> Result<ReconcileOutcome, ReconcileError> {
+    match result {
         Ok(written) => {
             state.timing.published(began);
             tracing::info!(
@@ -304,11 +318,49 @@ async fn reconcile_inner(
             Ok(ReconcileOutcome::NotSafelyHeld)
         }
         Err(WriteError::Conflict { slice, .. }) => {
-            tracing::debug!(%slice, "write conflict; planning again once the cache catches up");
+            tracing::debug!(%slice, "write conflict; reading the slices back, then planning again");
             Ok(ReconcileOutcome::Conflict)
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// Clause 2's read: `key`'s slices by a consistent LIST, into the cache (what the list holds,
+/// and what it no longer holds, as gone), so the next plan sees what a write of unknown outcome
+/// did.
+async fn read_back(shared: &Shared, key: &ServiceKey) -> Result<(), ReconcileError> {
+    let (listed, version) = shared
+        .api
+        .list_slices(key, shared.config.managed_by())
+        .await
+        .map_err(ReconcileError::ReadBack)?;
+    let caches = &shared.caches;
+    let mut names = HashSet::new();
+    for slice in &listed {
+        if let Some(name) = slice.metadata.name.as_deref() {
+            names.insert(name.to_string());
+        }
+        drop(
+            caches
+                .slices
+                .apply(CachedSlice::new(slice, &*caches.interner)),
+        );
+    }
+    for cached in caches.slices_of(key) {
+        let older = match cached.resource_version.as_ref() {
+            Some(slices::Token::Number(number)) => *number <= version,
+            _ => true,
+        };
+        if !names.contains(&*cached.name) && older {
+            caches.slices.remove_known_gone(
+                &cached.namespace,
+                &cached.name,
+                cached.uid.clone(),
+                version,
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -320,9 +372,14 @@ mod tests {
         let cases = [
             (ReconcileOutcome::Done, Outcome::Ok, Action::Done),
             (
-                ReconcileOutcome::Stale,
-                Outcome::Stale,
-                Action::RequeueAfter(STALE_RETRY),
+                ReconcileOutcome::Waited(Wait::unconfirmed),
+                Outcome::Waited,
+                Action::RequeueAfter(VIEW_RETRY),
+            ),
+            (
+                ReconcileOutcome::Waited(Wait::lost_watch),
+                Outcome::Waited,
+                Action::RequeueAfter(VIEW_RETRY),
             ),
             // The term is over: its queue is gone, the next term replays.
             (ReconcileOutcome::TermEnded, Outcome::Fenced, Action::Done),
@@ -335,11 +392,6 @@ mod tests {
                 ReconcileOutcome::Conflict,
                 Outcome::Conflict,
                 Action::RequeueAfter(CONFLICT_RETRY),
-            ),
-            (
-                ReconcileOutcome::CatchingUp,
-                Outcome::CatchingUp,
-                Action::RequeueAfter(CATCH_UP_WAIT),
             ),
         ];
         for (outcome, label, action) in cases {

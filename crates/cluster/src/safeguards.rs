@@ -1,6 +1,7 @@
 //! The controller's own protections, beside the leadership runtime's
 //! ([`leadership::Safeguards`], in [`ControllerConfig::runtime`](crate::ControllerConfig) and
-//! the Lease configuration).
+//! the Lease configuration): the three clauses of the fresh-view rule (docs/architecture.md, "A
+//! fresh view"), and version-fenced deletes.
 //!
 //! Built without the `test-util` feature, the only value is [`Safeguards::default`]: every
 //! protection on. With it, the simulation switches one off at a time to show that its checks
@@ -9,17 +10,17 @@
 /// The controller's protections (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Safeguards {
-    /// A new term replays only once every cache is at least as new as a version read from the
-    /// API server after the acquisition (`watch::fresh`).
-    pub(crate) barrier: bool,
+    /// Clause 1: a new term replays only once every cache is at least as new as a version read
+    /// from the API server after the acquisition (the barrier, `watch::fresh`).
+    pub(crate) acquisition_point: bool,
+    /// Clause 2: each write's answer enters the cache at once, and a write of unknown outcome
+    /// holds its Service until its slices are read back (`writer`, `view`).
+    pub(crate) own_writes: bool,
+    /// Clause 3: an addition is written only from a view at least as new as what it follows
+    /// from, shown by the watermarks or by a read (`view`, `confirm`).
+    pub(crate) additions: bool,
     /// Deletes carry the uid and resourceVersion the plan saw as preconditions.
     pub(crate) version_fenced_deletes: bool,
-    /// Nothing is planned while a watch that lost its stream has not caught up
-    /// (`watch::health::KindHealth::is_caught_up`).
-    pub(crate) catch_up: bool,
-    /// A plan's additions are confirmed by reads from the API server when the caches may
-    /// disagree about them (`confirm`).
-    pub(crate) confirm_additions: bool,
 }
 
 // === impl Safeguards ===
@@ -27,20 +28,37 @@ pub struct Safeguards {
 impl Default for Safeguards {
     fn default() -> Self {
         Self {
-            barrier: true,
+            acquisition_point: true,
+            own_writes: true,
+            additions: true,
             version_fenced_deletes: true,
-            catch_up: true,
-            confirm_additions: true,
         }
     }
 }
 
 #[cfg(feature = "test-util")]
 impl Safeguards {
-    /// A new term replays its caches as they are, without the acquisition barrier (tests only).
+    /// Clause 1 off: a new term replays its caches as they are, without the acquisition
+    /// barrier (tests only).
     #[must_use]
-    pub fn without_barrier(mut self) -> Self {
-        self.barrier = false;
+    pub fn without_acquisition_point(mut self) -> Self {
+        self.acquisition_point = false;
+        self
+    }
+
+    /// Clause 2 off: answers do not enter the cache, and writes of unknown outcome are not read
+    /// back; a pass plans from whatever the watch has shown (tests only).
+    #[must_use]
+    pub fn without_own_writes(mut self) -> Self {
+        self.own_writes = false;
+        self
+    }
+
+    /// Clause 3 off: a plan's additions are written as planned, whatever the watermarks
+    /// (tests only).
+    #[must_use]
+    pub fn without_additions(mut self) -> Self {
+        self.additions = false;
         self
     }
 
@@ -48,20 +66,6 @@ impl Safeguards {
     #[must_use]
     pub fn without_version_fenced_deletes(mut self) -> Self {
         self.version_fenced_deletes = false;
-        self
-    }
-
-    /// Reconciles plan while a watch that lost its stream catches up (tests only).
-    #[must_use]
-    pub fn without_catch_up(mut self) -> Self {
-        self.catch_up = false;
-        self
-    }
-
-    /// A plan's additions are written as planned, without reading the API server (tests only).
-    #[must_use]
-    pub fn without_confirmed_additions(mut self) -> Self {
-        self.confirm_additions = false;
         self
     }
 }

@@ -7,6 +7,13 @@
 //! cost 10^8 steps per resync. The objects are the compact cached forms of `slices` (one `Arc`
 //! each, shared by every index and by work in flight); names, namespaces and groups are the
 //! objects' own shared strings, so an index entry allocates no string.
+//!
+//! A store only moves forward (read your own writes): an object older than the one it holds
+//! (by resourceVersion, when both are numbers) is ignored, and so is an object the store holds
+//! a tombstone for (deleted by us, or found gone by a consistent read) at or below that
+//! tombstone's version. So the answer to our own write can enter the cache at once
+//! ([`Store::apply`] from the writer), and the watch's later echo of an older version, or of
+//! the object we deleted, changes nothing (docs/architecture.md, "A fresh view").
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -29,8 +36,10 @@ pub trait Cached: Send + Sync + 'static {
     fn namespace(&self) -> &Text;
     /// Name.
     fn name(&self) -> &Text;
-    /// resourceVersion, to skip unchanged objects on a re-list.
+    /// resourceVersion, to skip unchanged and older objects.
     fn resource_version(&self) -> Option<&Token>;
+    /// uid, to tell an object from another of the same name.
+    fn uid(&self) -> Option<&Token>;
 }
 
 /// How a cache derives an object's group inside its namespace (`None`: the namespace's one
@@ -85,6 +94,16 @@ struct Index<K> {
 struct Namespaces<K> {
     namespaces: HashMap<Text, Namespace<K>>,
     len: usize,
+    /// `(namespace, name)` → the object gone: its uid, and the version at or below which any
+    /// report of it is older than its deletion.
+    tombstones: HashMap<(Text, Text), Tombstone>,
+}
+
+/// An object known gone before the watch says so.
+#[derive(Clone, Debug)]
+struct Tombstone {
+    uid: Option<Token>,
+    version: u64,
 }
 
 struct Namespace<K> {
@@ -112,6 +131,9 @@ macro_rules! impl_cached {
             fn resource_version(&self) -> Option<&Token> {
                 self.resource_version.as_ref()
             }
+            fn uid(&self) -> Option<&Token> {
+                self.uid.as_ref()
+            }
         }
     )*};
 }
@@ -137,6 +159,7 @@ impl<K: Cached> Store<K> {
             inner: RwLock::new(Namespaces {
                 namespaces: HashMap::default(),
                 len: 0,
+                tombstones: HashMap::default(),
             }),
         }
     }
@@ -197,26 +220,66 @@ impl<K: Cached> Store<K> {
         self.len() == 0
     }
 
-    /// Stores `object`, returning the change.
-    pub fn apply(&self, object: K) -> Change<K> {
+    /// Stores `object`, returning the change; `None` when the store already holds this version
+    /// or a newer one, or the object was deleted at or after this version (a tombstone).
+    pub fn apply(&self, object: K) -> Option<Change<K>> {
+        let mut inner = self.inner.write();
+        if !inner.is_newer(&object) {
+            return None;
+        }
         let new = Arc::new(object);
-        let old = self.inner.write().insert(&self.index, new.clone());
-        Change {
+        let old = inner.insert(&self.index, new.clone());
+        Some(Change {
             old,
             new: Some(new),
-        }
+        })
     }
 
-    /// Forgets `object`, returning the change (with the cached version as `old` when there was one).
-    pub fn delete(&self, object: K) -> Change<K> {
-        let old = self
-            .inner
-            .write()
-            .remove(&self.index, object.namespace(), object.name());
-        Change {
+    /// Forgets `object`, returning the change (with the cached version as `old` when there was
+    /// one); `None` when the store holds a newer object of that name (another uid), or the
+    /// delete is of an object already gone by a tombstone (our own delete, echoed).
+    pub fn delete(&self, object: K) -> Option<Change<K>> {
+        let mut inner = self.inner.write();
+        let key = (object.namespace().clone(), object.name().clone());
+        if let Some(tombstone) = inner.tombstones.get(&key)
+            && same_uid(tombstone.uid.as_ref(), object.uid())
+        {
+            inner.tombstones.remove(&key);
+            return None;
+        }
+        let cached = inner
+            .namespaces
+            .get(object.namespace().as_ref())
+            .and_then(|ns| ns.get(object.name()));
+        if let Some(cached) = cached
+            && !same_uid(cached.uid(), object.uid())
+        {
+            return None;
+        }
+        let old = inner.remove(&self.index, object.namespace(), object.name());
+        Some(Change {
             old: old.or_else(|| Some(Arc::new(object))),
             new: None,
-        }
+        })
+    }
+
+    /// Forgets `namespace/name` (of `uid`) at once, known gone as of `version` (our own delete,
+    /// answered; or a consistent read that no longer holds it): a later report of it at or
+    /// below `version` is ignored, and the watch's delete of it changes nothing.
+    pub fn remove_known_gone(
+        &self,
+        namespace: &Text,
+        name: &Text,
+        uid: Option<Token>,
+        version: u64,
+    ) -> Option<Arc<K>> {
+        let mut inner = self.inner.write();
+        let old = inner.remove(&self.index, namespace, name);
+        inner.tombstones.insert(
+            (namespace.clone(), name.clone()),
+            Tombstone { uid, version },
+        );
+        old
     }
 
     /// Starts a re-list. Listed objects go into the cache one by one as they arrive
@@ -238,14 +301,7 @@ impl<K: Cached> Store<K> {
             seen.insert((object.namespace().clone(), object.name().clone()));
         }
         let mut inner = self.inner.write();
-        let cached = inner
-            .namespaces
-            .get(object.namespace().as_ref())
-            .and_then(|ns| ns.get(object.name()));
-        if let Some(cached) = cached
-            && cached.resource_version().is_some()
-            && cached.resource_version() == object.resource_version()
-        {
+        if !inner.is_newer(&object) {
             return None;
         }
         let new = Arc::new(object);
@@ -256,13 +312,19 @@ impl<K: Cached> Store<K> {
         })
     }
 
-    /// Ends a re-list: removes the cached objects the list did not hold, returning their
-    /// deletes.
-    pub fn finish_relist(&self, relist: Relist) -> Vec<Change<K>> {
+    /// Ends a re-list whose list was read at `version`: removes the cached objects the list did
+    /// not hold (but not those newer than the list: our own writes' answers, applied since),
+    /// returning their deletes, and drops the tombstones the list has passed.
+    pub fn finish_relist(&self, relist: Relist, version: u64) -> Vec<Change<K>> {
+        let mut inner = self.inner.write();
+        if version > 0 {
+            inner
+                .tombstones
+                .retain(|_, tombstone| tombstone.version >= version);
+        }
         let Some(seen) = relist.seen else {
             return Vec::new();
         };
-        let mut inner = self.inner.write();
         let gone: Vec<(Text, Text)> = inner
             .namespaces
             .iter()
@@ -272,6 +334,10 @@ impl<K: Cached> Store<K> {
                     .map(move |name| (namespace.clone(), name.clone()))
             })
             .filter(|key| !seen.contains(key))
+            .filter(|(namespace, name)| {
+                let cached = inner.namespaces.get(namespace).and_then(|ns| ns.get(name));
+                version == 0 || cached.is_none_or(|cached| !newer_than(cached.as_ref(), version))
+            })
             .collect();
         gone.into_iter()
             .filter_map(|(namespace, name)| inner.remove(&self.index, &namespace, &name))
@@ -301,6 +367,42 @@ impl<K> Namespace<K> {
 // === impl Namespaces ===
 
 impl<K: Cached> Namespaces<K> {
+    /// Whether `object` moves the store forward: not a version it holds already or an older
+    /// one, and not an object it holds a tombstone for at or above this version.
+    fn is_newer(&mut self, object: &K) -> bool {
+        let key = (object.namespace().clone(), object.name().clone());
+        if let Some(tombstone) = self.tombstones.get(&key) {
+            if same_uid(tombstone.uid.as_ref(), object.uid())
+                && !newer_than(object, tombstone.version)
+            {
+                return false;
+            }
+            // Another object of that name, or a version past the deletion: the tombstone has
+            // served.
+            self.tombstones.remove(&key);
+        }
+        let Some(cached) = self
+            .namespaces
+            .get(object.namespace().as_ref())
+            .and_then(|ns| ns.get(object.name()))
+        else {
+            return true;
+        };
+        if !same_uid(cached.uid(), object.uid()) {
+            return true;
+        }
+        match (
+            number(cached.resource_version()),
+            number(object.resource_version()),
+        ) {
+            (Some(cached), Some(new)) => new > cached,
+            _ => {
+                cached.resource_version().is_none()
+                    || cached.resource_version() != object.resource_version()
+            }
+        }
+    }
+
     fn insert(&mut self, index: &Index<K>, object: Arc<K>) -> Option<Arc<K>> {
         let namespace = object.namespace().clone();
         let name = object.name().clone();
@@ -353,6 +455,28 @@ impl<K: Cached> Namespaces<K> {
     }
 }
 
+/// A resourceVersion as a number, when it is one.
+fn number(version: Option<&Token>) -> Option<u64> {
+    match version {
+        Some(Token::Number(number)) => Some(*number),
+        _ => None,
+    }
+}
+
+/// Whether `object` is newer than `version` (a version that is not a number counts as newer:
+/// it is never taken as read).
+fn newer_than<K: Cached>(object: &K, version: u64) -> bool {
+    number(object.resource_version()).is_none_or(|number| number > version)
+}
+
+/// Whether two uids name the same object (a missing uid matches any).
+fn same_uid(a: Option<&Token>, b: Option<&Token>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -382,7 +506,7 @@ mod tests {
             .into_iter()
             .filter_map(|object| store.relist_apply(&mut relist, object))
             .collect();
-        changes.extend(store.finish_relist(relist));
+        changes.extend(store.finish_relist(relist, 0));
         changes
     }
 
@@ -397,8 +521,8 @@ mod tests {
     #[test]
     fn apply_moves_an_object_between_groups_when_its_label_changes() {
         let cache = Store::grouped(by_service);
-        assert!(cache.apply(slice("s1", "web", "1")).old.is_none());
-        let change = cache.apply(slice("s1", "api", "2"));
+        assert!(cache.apply(slice("s1", "web", "1")).unwrap().old.is_none());
+        let change = cache.apply(slice("s1", "api", "2")).unwrap();
         assert_eq!(
             change.old.unwrap().resource_version,
             Some(Token::parse("1"))
@@ -468,8 +592,83 @@ mod tests {
     #[test]
     fn delete_of_an_unknown_object_still_reports_it() {
         let cache: Store<CachedSlice> = Store::grouped(by_service);
-        let change = cache.delete(slice("x", "web", "5"));
+        let change = cache.delete(slice("x", "web", "5")).unwrap();
         assert!(change.old.is_some() && change.new.is_none());
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn an_older_or_equal_version_changes_nothing() {
+        let cache = Store::grouped(by_service);
+        cache.apply(slice("s1", "web", "5"));
+        assert!(
+            cache.apply(slice("s1", "web", "5")).is_none(),
+            "the same version"
+        );
+        assert!(
+            cache.apply(slice("s1", "web", "4")).is_none(),
+            "an older version"
+        );
+        assert_eq!(
+            cache.get("ns", "s1").unwrap().resource_version,
+            Some(Token::parse("5"))
+        );
+        assert!(cache.apply(slice("s1", "web", "6")).is_some());
+        let mut relist = cache.relist();
+        assert!(
+            cache
+                .relist_apply(&mut relist, slice("s1", "web", "3"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn an_object_known_gone_does_not_come_back_through_an_older_report() {
+        let cache = Store::grouped(by_service);
+        cache.apply(slice("s1", "web", "5"));
+        let gone = cache.remove_known_gone(&"ns".into(), &"s1".into(), None, 5);
+        assert!(gone.is_some());
+        assert!(
+            cache.apply(slice("s1", "web", "5")).is_none(),
+            "the watch's echo"
+        );
+        assert!(cache.is_empty());
+        assert!(
+            cache.delete(slice("s1", "web", "7")).is_none(),
+            "the watch's delete of it changes nothing"
+        );
+        assert!(
+            cache.apply(slice("s1", "web", "5")).is_some(),
+            "the tombstone served once"
+        );
+    }
+
+    #[test]
+    fn a_relist_keeps_objects_newer_than_its_list() {
+        let cache = Store::grouped(by_service);
+        cache.apply(slice("old", "web", "3"));
+        let mut relist = cache.relist();
+        cache.relist_apply(&mut relist, slice("listed", "web", "9"));
+        // Our own create, answered after the list was read at 10.
+        cache.apply(slice("ours", "web", "12"));
+        let gone = cache.finish_relist(relist, 10);
+        let names: Vec<_> = gone
+            .iter()
+            .map(|change| change.old.as_ref().unwrap().name.to_string())
+            .collect();
+        assert_eq!(names, ["old"]);
+        assert!(cache.get("ns", "ours").is_some());
+    }
+
+    #[test]
+    fn a_delete_of_another_object_of_the_same_name_changes_nothing() {
+        let cache = Store::grouped(by_service);
+        let mut first = slice("s1", "web", "3");
+        first.uid = Some(Token::parse("a"));
+        let mut second = slice("s1", "web", "8");
+        second.uid = Some(Token::parse("b"));
+        cache.apply(second);
+        assert!(cache.delete(first).is_none());
+        assert_eq!(cache.len(), 1);
     }
 }

@@ -4,7 +4,7 @@
 //! ```text
 //!  event ─► handler ─► queue ─► reconcile ─► plan ─► [write rate limit] ─► write ─► answer
 //!  └event_to_key┘ └queued┘        │                  └rate_limited┘    └write┘      │
-//!                  (or coalesced: behind the key's own reconcile; stale_wait / retry_wait:
+//!                  (or coalesced: behind the key's own reconcile; view_wait / retry_wait:
 //!                   after a reconcile that did not finish)                           │
 //!  └────────────────────────── sync latency (trigger → answer) ──────────────────────┘
 //!                                        answer ─► our watch shows the write: own_write_visible
@@ -13,7 +13,7 @@
 //! Per term ([`crate::handlers::TermState`]), each key with a change not yet reconciled keeps
 //! its *trigger*: when this replica's watch delivered the earliest such change (or when the
 //! term's replay found the key). A reconcile takes the trigger when it starts and gives it back
-//! when it does not finish (stale cache, conflict, fenced, error), so the latency of a change
+//! when it does not finish (a wait of the fresh-view rule, conflict, fenced, error), so the latency of a change
 //! includes every retry it took. The trigger is also the value of the
 //! `endpoints.kubernetes.io/last-change-trigger-time` annotation of the slices written for it.
 
@@ -38,8 +38,8 @@ pub enum Stage {
     /// A change that came while its Service was being reconciled: change → that reconcile's
     /// end (the key is queued again then).
     coalesced,
-    /// A reconcile that found the cache behind this term's writes → the next reconcile.
-    stale_wait,
+    /// A reconcile whose view did not satisfy the fresh-view rule → the next reconcile.
+    view_wait,
     /// A reconcile that failed, conflicted or was fenced → the next reconcile (backoff, the
     /// queue's retry rate limit).
     retry_wait,
@@ -72,8 +72,8 @@ pub struct TimingMetrics {
 /// Why a key waits after a reconcile that did not finish.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
-    /// The cache is behind this term's writes.
-    Stale,
+    /// The view did not satisfy the fresh-view rule.
+    View,
     /// A failure, a conflict or a fenced write.
     Retry,
 }
@@ -169,14 +169,6 @@ impl Timing {
         }
     }
 
-    /// Whether `key` waits for the cache to show this term's writes.
-    pub fn waits_for_cache(&self, key: &ServiceKey) -> bool {
-        self.keys
-            .lock()
-            .get(key)
-            .is_some_and(|t| matches!(t.waiting, Some((Wait::Stale, _))))
-    }
-
     /// A reconcile of `key` starts: records how long it was queued or waiting, and takes the
     /// trigger of the changes it handles.
     pub fn begin(&self, key: &ServiceKey) -> Began {
@@ -185,7 +177,7 @@ impl Timing {
         let timing = keys.entry(key.clone()).or_default();
         timing.running = true;
         match (timing.waiting.take(), timing.ready_at.take()) {
-            (Some((Wait::Stale, since)), _) => self.metrics.observe(Stage::stale_wait, now - since),
+            (Some((Wait::View, since)), _) => self.metrics.observe(Stage::view_wait, now - since),
             (Some((Wait::Retry, since)), _) => self.metrics.observe(Stage::retry_wait, now - since),
             (None, Some(ready)) => self.metrics.observe(Stage::queued, now - ready),
             (None, None) => {}
@@ -297,8 +289,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(3)).await;
         let began = timing.begin(&key());
         assert_eq!(began.trigger, Some(first));
-        timing.end(&key(), began, Some(Wait::Stale));
-        assert!(timing.waits_for_cache(&key()));
+        timing.end(&key(), began, Some(Wait::View));
         tokio::time::advance(Duration::from_millis(7)).await;
         let again = timing.begin(&key());
         assert_eq!(
@@ -307,7 +298,7 @@ mod tests {
             "the retry publishes the first change"
         );
         assert_eq!(count(timing.metrics(), Stage::queued), 1);
-        assert_eq!(count(timing.metrics(), Stage::stale_wait), 1);
+        assert_eq!(count(timing.metrics(), Stage::view_wait), 1);
         timing.published(&again);
         timing.end(&key(), again, None);
         assert!(

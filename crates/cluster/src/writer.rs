@@ -4,8 +4,16 @@
 //! Order: creates, then updates (those that add a workload to their slice first), then deletes,
 //! so endpoints are never missing between two calls;
 //! no delete once a create or update of the same pass failed; NotFound on delete is success.
-//! Each accepted write is recorded in the term's tracker, so the watch echo of our own write
-//! triggers nothing and a reconcile waits until the cache shows it.
+//!
+//! Read your own writes (docs/architecture.md, "A fresh view", clause 2): each accepted write's
+//! answer enters the slice cache at once (a create or update with its resourceVersion, a delete
+//! as a tombstone of the uid and version the plan saw), so the next pass for the Service plans
+//! from it without waiting for the watch to echo it; the echo, and anything older, changes
+//! nothing in the cache. Each accepted write is also recorded in the term's tracker, so the echo
+//! triggers nothing. A write whose outcome is unknown (no answer: a timeout, a lost connection,
+//! a 5xx) or that was refused with 409 marks the Service: it is planned again only after a
+//! consistent read of its slices ([`KubeWrites::list_slices`]), never from a view that may lack
+//! what the write did (a create applied but unanswered must not lead to a second slice).
 //!
 //! Every write is guarded by the version the plan was made from: updates by resourceVersion
 //! (a replace), deletes by uid and resourceVersion (preconditions). A write that was planned on
@@ -27,13 +35,18 @@ use kube::{
 use leadership::{Fence, Fenced};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
-use slices::{ServiceKey, SlicePlan, Tracker, Write};
+use slices::{
+    CachedSlice, Intern, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, ServiceKey, SlicePlan, Token,
+    Tracker, Write,
+};
 
 use tokio::time::Instant;
 
 use crate::{
+    caches::Caches,
     metrics::{Metrics, Operation},
     timing::{Stage, Timing},
+    watch::health::version_number,
 };
 
 /// How long one API write may take before the writer gives up on it and the reconcile is
@@ -195,6 +208,32 @@ impl KubeWrites {
         self.bounded(api.get_opt(name)).await
     }
 
+    /// The slices of Service `key` managed by `managed_by`, by a consistent LIST (no
+    /// resourceVersion: served once the API server's cache has caught up with etcd), and the
+    /// version the list was read at (0 when it is not a number).
+    pub async fn list_slices(
+        &self,
+        key: &ServiceKey,
+        managed_by: &str,
+    ) -> Result<(Vec<EndpointSlice>, u64), kube::Error> {
+        let labels = format!(
+            "{SERVICE_NAME_LABEL}={},{MANAGED_BY_LABEL}={managed_by}",
+            key.name
+        );
+        let list = self
+            .bounded(
+                self.api(&key.namespace)
+                    .list(&ListParams::default().labels(&labels)),
+            )
+            .await?;
+        let version = list
+            .metadata
+            .resource_version
+            .as_deref()
+            .map_or(0, version_number);
+        Ok((list.items, version))
+    }
+
     /// The workloads of `namespace` matching `labels`, by a consistent LIST (no
     /// resourceVersion: the API server answers once its cache has caught up with etcd).
     pub async fn list_workloads(
@@ -240,8 +279,13 @@ pub struct Pass<'a> {
     pub key: &'a ServiceKey,
     /// Checked immediately before each call.
     pub fence: &'a Fence,
-    /// Records each accepted write.
+    /// Records each accepted write, and each write of unknown outcome.
     pub tracker: &'a Mutex<Tracker>,
+    /// The caches: each accepted write's answer enters the slice cache at once.
+    pub caches: &'a Caches,
+    /// `false` only in tests that switch clause 2 off ([`crate::Safeguards`]): answers do not
+    /// enter the cache, and writes of unknown outcome are not read back.
+    pub own_writes: bool,
     /// Counts writes and their errors.
     pub metrics: &'a Metrics,
     /// The client-side write rate limit, waited for before each call.
@@ -314,6 +358,7 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
         metrics,
         rate,
         timing,
+        ..
     } = pass;
     let namespace = key.namespace.as_str();
     let mut written = Written::default();
@@ -342,7 +387,7 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
                 &mut written.updated,
             ),
             Write::Delete(slice) => {
-                let deleted = delete(api, key, slice, tracker, metrics, fence).await;
+                let deleted = delete(pass, slice).await;
                 metrics.timing.observe(Stage::write, sending.elapsed());
                 deleted?;
                 written.deleted += 1;
@@ -353,6 +398,15 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
         match sent {
             Ok(stored) => {
                 tracker.lock().record_write(key, &stored);
+                if pass.own_writes {
+                    let caches = pass.caches;
+                    // Read your own write: the cache holds the answer from now on.
+                    drop(
+                        caches
+                            .slices
+                            .apply(CachedSlice::new(&stored, &*caches.interner)),
+                    );
+                }
                 if let Some(name) = stored.metadata.name.as_deref() {
                     timing.wrote(namespace, name);
                 }
@@ -373,6 +427,7 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
             }
             Err(error) => {
                 metrics.count_write_error(operation);
+                pass.unknown_outcome(&error);
                 first_error.get_or_insert(WriteError::from_api(slice, error));
             }
         }
@@ -390,14 +445,16 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
 /// term, arriving after the new leader rewrote the slice (same uid, newer version), is refused
 /// with 409 instead of removing the new leader's endpoints. A 409 is a [`WriteError::Conflict`]
 /// (re-plan), never a success: the slice is still there, perhaps with endpoints to keep.
-async fn delete(
-    api: &KubeWrites,
-    key: &ServiceKey,
-    slice: &EndpointSlice,
-    tracker: &Mutex<Tracker>,
-    metrics: &Metrics,
-    fence: &Fence,
-) -> Result<(), WriteError> {
+async fn delete(pass: &Pass<'_>, slice: &EndpointSlice) -> Result<(), WriteError> {
+    let Pass {
+        api,
+        key,
+        fence,
+        tracker,
+        metrics,
+        caches,
+        ..
+    } = pass;
     let name = slice_name(slice);
     let preconditions = Preconditions {
         uid: slice.metadata.uid.clone(),
@@ -413,13 +470,43 @@ async fn delete(
         }
         Err(error) => {
             metrics.count_write_error(Operation::Delete);
+            pass.unknown_outcome(&error);
             return Err(WriteError::from_api(slice, error));
         }
     }
     tracker.lock().record_delete(key, slice);
+    if pass.own_writes {
+        // Read your own delete: gone from the cache now, and the watch's reports of it up to
+        // the version the plan saw change nothing.
+        let version = slice
+            .metadata
+            .resource_version
+            .as_deref()
+            .map_or(0, version_number);
+        caches.slices.remove_known_gone(
+            &caches.interner.intern(&key.namespace),
+            &caches.interner.intern(&name),
+            slice.metadata.uid.as_deref().map(Token::parse),
+            version,
+        );
+    }
     metrics.count_write(Operation::Delete);
     tracing::debug!(slice = %name, "deleted slice");
     Ok(())
+}
+
+// === impl Pass ===
+
+impl Pass<'_> {
+    /// A write failed with `error`: if its outcome is unknown (no answer, or a 5xx: it may have
+    /// been applied) or the slice was not what the plan saw (409), the Service's slices are read
+    /// back before it is planned again. A definite refusal (another 4xx) changed nothing.
+    fn unknown_outcome(&self, error: &kube::Error) {
+        let definite = matches!(status_code(error), Some(code) if code < 500 && code != 409);
+        if !definite && self.own_writes {
+            self.tracker.lock().record_unknown_outcome(self.key);
+        }
+    }
 }
 
 fn slice_name(slice: &EndpointSlice) -> String {

@@ -9,7 +9,7 @@ pub mod diff;
 pub mod logging;
 pub mod process;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use cluster::{Controller, ControllerConfig};
@@ -71,7 +71,6 @@ fn controller_config(settings: &Settings) -> ControllerConfig {
         lease: settings.lease.clone(),
         coordinated: settings.coordinated.clone(),
         runtime: settings.runtime.clone(),
-        stale_limit: Duration::from_secs(30),
         namespace: args.watch_namespace.clone(),
         stall_bound: args.watch_stall_timeout,
         write_qps: args.write_qps,

@@ -50,7 +50,8 @@ pub use crate::{
 pub enum Safeguard {
     /// The writer's fence (term current and lease safely held, before every write).
     Fence,
-    /// The acquisition barrier (caches at least as new as a read after acquiring).
+    /// Clause 1 of the fresh-view rule: the acquisition barrier (caches at least as new as a
+    /// read after acquiring).
     Barrier,
     /// The drain before releasing the Lease on shutdown.
     Drain,
@@ -62,10 +63,12 @@ pub enum Safeguard {
     FreshTracker,
     /// uid and resourceVersion preconditions on slice deletes.
     VersionFencedDeletes,
-    /// No plan while a watch that lost its stream has not caught up.
-    CatchUp,
-    /// A plan's additions confirmed by reads when one watch may be behind another.
-    ConfirmedAdditions,
+    /// Clause 2 of the fresh-view rule: our own answers in the cache at once, and a write of
+    /// unknown outcome read back before the Service is planned again.
+    OwnWrites,
+    /// Clause 3 of the fresh-view rule: an addition written only from a view at least as new as
+    /// what it follows from (the watermarks, or a read).
+    Additions,
 }
 
 /// Which protections a run has.
@@ -112,8 +115,8 @@ impl Safeguard {
         Safeguard::DeletedLeaseWait,
         Safeguard::FreshTracker,
         Safeguard::VersionFencedDeletes,
-        Safeguard::CatchUp,
-        Safeguard::ConfirmedAdditions,
+        Safeguard::OwnWrites,
+        Safeguard::Additions,
     ];
 }
 

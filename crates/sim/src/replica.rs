@@ -166,8 +166,7 @@ impl Replica {
 }
 
 /// The controller's configuration in the simulation for replica `identity`, with the
-/// protection `off` switched off: the binary's defaults but for the stall bound (30 s) and the
-/// stale limit (30 s).
+/// protection `off` switched off: the binary's defaults but for the stall bound (30 s).
 pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
     let mut leadership = leadership::Safeguards::default();
     let mut controller = cluster::Safeguards::default();
@@ -178,14 +177,12 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
         Some(Safeguard::DeletedLeaseWait) => {
             leadership = leadership.without_deleted_lease_wait();
         }
-        Some(Safeguard::Barrier) => controller = controller.without_barrier(),
+        Some(Safeguard::Barrier) => controller = controller.without_acquisition_point(),
         Some(Safeguard::VersionFencedDeletes) => {
             controller = controller.without_version_fenced_deletes();
         }
-        Some(Safeguard::CatchUp) => controller = controller.without_catch_up(),
-        Some(Safeguard::ConfirmedAdditions) => {
-            controller = controller.without_confirmed_additions();
-        }
+        Some(Safeguard::OwnWrites) => controller = controller.without_own_writes(),
+        Some(Safeguard::Additions) => controller = controller.without_additions(),
         Some(Safeguard::StallBound) | None => {}
     }
     let stall_bound = if off == Some(Safeguard::StallBound) {
@@ -212,14 +209,6 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
         lease,
         coordinated: None,
         runtime,
-        // Without a fresh tracker, the stale limit (a safety valve that should never be
-        // reached) would hide the stuck Service after 30 s: set out of reach to show what
-        // the fresh tracker alone prevents.
-        stale_limit: if off == Some(Safeguard::FreshTracker) {
-            Duration::from_secs(3_600)
-        } else {
-            Duration::from_secs(30)
-        },
         namespace: None,
         stall_bound,
         write_qps: 500,

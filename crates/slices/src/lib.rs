@@ -12,8 +12,7 @@
 //! ```text
 //! Service ─┐
 //! workloads ─┼─► plan_slices ──► SlicePlan { creates, updates, deletes, diagnostics }
-//! existing slices ─┘      ▲
-//!                  Tracker::check (cache fresh enough to plan on?)
+//! existing slices ─┘
 //! watch events ──► affected::{for_service, for_workload, for_slice} ──► ServiceKey
 //! ```
 //!
@@ -24,8 +23,8 @@
 //! - a value that cannot be sent to the API (a non-IP address, an unresolvable named port) is left
 //!   out for that workload and reported as a [`Diagnostic`], never sent: one bad workload does not
 //!   make the API reject a whole slice;
-//! - a [`Tracker`] (one per leadership term) tells when the cache is behind our own writes, and
-//!   recognises our writes when they come back through the watch.
+//! - a [`Tracker`] (one per leadership term) recognises our writes when they come back through
+//!   the watch, and remembers the Services whose last write had an unknown outcome.
 #![deny(missing_docs)]
 
 pub mod affected;
@@ -61,4 +60,4 @@ pub use model::{
 pub use plan::{SlicePlan, Write, plan_cached, plan_slices};
 pub use service_key::ServiceKey;
 pub use text::{Intern, Labels, NoIntern, Text, Token};
-pub use tracker::{Freshness, StaleReason, Tracker};
+pub use tracker::Tracker;

@@ -1,20 +1,13 @@
-//! Stale-cache protection and the stale-tracker scenario (docs/slices.md, "Stale-cache
-//! protection"), one named test per rule.
+//! The term's own writes (docs/architecture.md, "A fresh view", clause 2) and the stale-tracker
+//! scenario (docs/slices.md), one named test per rule.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::testing::{SliceStore, Svc, Workload, time};
-use slices::{CachedSlice, Config, Freshness, ServiceKey, StaleReason, Tracker, plan_slices};
+use slices::{CachedSlice, Config, ServiceKey, Tracker, plan_slices};
 
 fn key() -> ServiceKey {
     ServiceKey::new("default", "web")
-}
-
-/// `tracker.check` on these slices, in the cached form the controller passes.
-fn check(tracker: &mut Tracker, slices: &[&EndpointSlice]) -> Freshness {
-    let cached: Vec<CachedSlice> = slices.iter().map(|s| CachedSlice::from(*s)).collect();
-    let refs: Vec<&CachedSlice> = cached.iter().collect();
-    tracker.check(&key(), &refs)
 }
 
 /// Applies a first plan for one workload, recording each response in `tracker`.
@@ -55,73 +48,21 @@ fn write_slices(tracker: &mut Tracker, store: &mut SliceStore, ips: &[&str]) -> 
 }
 
 #[test]
-fn nothing_recorded_is_fresh() {
-    assert_eq!(Tracker::new().check(&key(), &[]), Freshness::Fresh);
+fn nothing_recorded_needs_no_read_back() {
+    assert!(!Tracker::new().needs_read_back(&key()));
 }
 
 #[test]
-fn cache_missing_a_slice_we_created_is_stale() {
-    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
-    write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    assert!(matches!(
-        tracker.check(&key(), &[]),
-        Freshness::Stale(StaleReason::MissingWrite { .. })
-    ));
-}
-
-#[test]
-fn cache_showing_an_older_generation_than_we_wrote_is_stale() {
-    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
-    let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    let old_cache = created.clone();
-    write_slices(&mut tracker, &mut store, &["10.0.0.2"]);
-    let refs: Vec<_> = old_cache.iter().collect();
-    let freshness = check(&mut tracker, &refs);
+fn a_write_of_unknown_outcome_holds_its_service_until_read_back() {
+    let mut tracker = Tracker::new();
+    tracker.record_unknown_outcome(&key());
+    assert!(tracker.needs_read_back(&key()));
     assert!(
-        matches!(&freshness, Freshness::Stale(reason) if reason.reason() == "older_generation"),
-        "{freshness:?}"
+        !tracker.needs_read_back(&ServiceKey::new("default", "api")),
+        "only that Service is held"
     );
-}
-
-#[test]
-fn cache_still_holding_a_slice_we_deleted_is_stale() {
-    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
-    let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    write_slices(&mut tracker, &mut store, &[]); // deletes it
-    let refs: Vec<_> = created.iter().collect();
-    assert!(matches!(
-        check(&mut tracker, &refs),
-        Freshness::Stale(StaleReason::DeletedStillCached { .. })
-    ));
-    assert_eq!(
-        tracker.check(&key(), &[]),
-        Freshness::Fresh,
-        "gone from the cache: caught up"
-    );
-}
-
-#[test]
-fn cache_that_caught_up_is_fresh() {
-    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
-    write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    assert_eq!(check(&mut tracker, &store.slices()), Freshness::Fresh);
-}
-
-#[test]
-fn slice_deleted_by_someone_else_after_the_cache_showed_it_is_not_waited_for() {
-    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
-    write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    assert_eq!(check(&mut tracker, &store.slices()), Freshness::Fresh);
-    // Someone deletes it: the cache now lacks it, and the plan must re-create it, not wait.
-    assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
-}
-
-#[test]
-fn slice_deleted_by_someone_else_before_the_cache_showed_it_is_not_waited_for() {
-    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
-    let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    tracker.observe(Some(&CachedSlice::from(&created[0])), None);
-    assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
+    tracker.read_back(&key());
+    assert!(!tracker.needs_read_back(&key()));
 }
 
 #[test]
@@ -150,28 +91,25 @@ fn only_our_deletes_are_expected() {
 fn deleted_service_is_forgotten() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
+    tracker.record_unknown_outcome(&key());
     tracker.forget(&key());
     assert!(tracker.is_empty());
     assert!(!tracker.is_own_write(&CachedSlice::from(&created[0])));
-    assert_eq!(tracker.check(&key(), &[]), Freshness::Fresh);
+    assert!(!tracker.needs_read_back(&key()));
 }
 
-/// The stale-tracker scenario: A writes, loses the lease, someone deletes the slices, A leads
-/// again.
-/// With the old term's tracker A would wait forever for slices that will never come back; the
-/// new term's tracker lets it plan, and the plan re-creates them.
+/// The stale-tracker scenario: A writes, loses the lease (one write's outcome unknown), someone
+/// deletes the slices, A leads again. The new term's tracker holds nothing of the old term: the
+/// Service is planned at once from the cache, and the plan re-creates the slices.
 #[test]
 fn reacquired_leader_recreates_slices_deleted_while_following() {
     let (mut first_term, mut store) = (Tracker::new(), SliceStore::default());
     write_slices(&mut first_term, &mut store, &["10.0.0.1"]);
+    first_term.record_unknown_outcome(&key());
     let deleted_while_following: Vec<EndpointSlice> = Vec::new();
 
-    assert!(
-        matches!(first_term.check(&key(), &[]), Freshness::Stale(_)),
-        "the old term's tracker would be stuck"
-    );
     let mut second_term = Tracker::new();
-    assert_eq!(second_term.check(&key(), &[]), Freshness::Fresh);
+    assert!(!second_term.needs_read_back(&key()));
     let mut store = SliceStore::with(deleted_while_following);
     let rewritten = write_slices(&mut second_term, &mut store, &["10.0.0.1"]);
     assert_eq!(rewritten.len(), 1, "slice re-created");

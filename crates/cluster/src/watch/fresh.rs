@@ -1,5 +1,6 @@
-//! The acquisition barrier: a new term plans from caches at least as new as a point read from the
-//! API server after the acquisition.
+//! The acquisition barrier, clause 1 of the fresh-view rule (docs/architecture.md, "A fresh
+//! view"): a new term plans from caches at least as new as a point read from the API server after
+//! the acquisition. It raises the same watermarks the rule reads ([`KindHealth::read_version`]).
 //!
 //! A follower's watch may have been silent (a stalled connection) when it wins the Lease; its
 //! replay would then plan from a frozen cache, and every change made meanwhile would be lost
@@ -59,7 +60,7 @@ pub struct Kind {
 
 /// The watched kinds, and how to read each one's current version.
 #[derive(Clone)]
-pub struct Freshness {
+pub struct Barrier {
     kinds: Vec<Kind>,
 }
 
@@ -74,9 +75,9 @@ pub enum Proof {
     Relisted,
 }
 
-// === impl Freshness ===
+// === impl Barrier ===
 
-impl Freshness {
+impl Barrier {
     /// A barrier over `kinds`.
     pub fn new(kinds: Vec<Kind>) -> Self {
         Self { kinds }
@@ -167,7 +168,7 @@ mod tests {
     async fn a_watch_that_already_read_the_current_version_is_not_probed() {
         let (health, mut commands) = kind("Service");
         health.seen(Some(42));
-        let barrier = Freshness::new(vec![large(health, reading(42))]);
+        let barrier = Barrier::new(vec![large(health, reading(42))]);
         let (took, proofs) = barrier.bring_up_to_date().await;
         assert_eq!(proofs, vec![("Service", Proof::AlreadyRead)]);
         assert_eq!(took, Duration::ZERO);
@@ -178,7 +179,7 @@ mod tests {
     async fn a_watch_behind_is_probed_and_the_barrier_waits_for_its_answer() {
         let (health, mut commands) = kind("ExternalWorkload");
         health.seen(Some(10));
-        let barrier = Freshness::new(vec![large(health.clone(), reading(50))]);
+        let barrier = Barrier::new(vec![large(health.clone(), reading(50))]);
         let answering = tokio::spawn(async move {
             let Some(Command::Probe(id)) = commands.recv().await else {
                 panic!("a probe")
@@ -197,7 +198,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_watch_is_relisted_after_the_probe_wait() {
         let (health, mut commands) = kind("EndpointSlice");
-        let barrier = Freshness::new(vec![large(health.clone(), reading(7))]);
+        let barrier = Barrier::new(vec![large(health.clone(), reading(7))]);
         let answering = tokio::spawn(async move {
             let mut seen = Vec::new();
             while let Some(command) = commands.recv().await {
@@ -240,7 +241,7 @@ mod tests {
                 .boxed()
             })
         };
-        let (_, proofs) = Freshness::new(vec![large(health, read)])
+        let (_, proofs) = Barrier::new(vec![large(health, read)])
             .bring_up_to_date()
             .await;
         assert_eq!(proofs, vec![("Service", Proof::AlreadyRead)]);
@@ -262,7 +263,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             health.answer(id);
         });
-        let (took, proofs) = Freshness::new(vec![kind]).bring_up_to_date().await;
+        let (took, proofs) = Barrier::new(vec![kind]).bring_up_to_date().await;
         assert_eq!(proofs, vec![("Service", Proof::Relisted)]);
         assert_eq!(took, Duration::from_millis(20));
         answering.await.expect("answered");

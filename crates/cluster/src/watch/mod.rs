@@ -102,12 +102,16 @@ pub async fn run<K: Project>(
         match event {
             Event::Apply(object) => {
                 let version = version_of(&object);
-                sink.send(cache.apply(object.project(&interner)), received);
+                if let Some(change) = cache.apply(object.project(&interner)) {
+                    sink.send(change, received);
+                }
                 health.seen(Some(version));
             }
             Event::Delete(object) => {
                 let version = version_of(&object);
-                sink.send(cache.delete(object.project(&interner)), received);
+                if let Some(change) = cache.delete(object.project(&interner)) {
+                    sink.send(change, received);
+                }
                 health.seen(Some(version));
             }
             Event::ListStart => listing = Some(cache.relist()),
@@ -122,7 +126,7 @@ pub async fn run<K: Project>(
             Event::ListDone(position) => {
                 let relist = listing.take().unwrap_or_else(|| cache.relist());
                 let count = relist.listed();
-                for change in cache.finish_relist(relist) {
+                for change in cache.finish_relist(relist, position.version) {
                     sink.send(change, received);
                 }
                 if health.is_synced() {

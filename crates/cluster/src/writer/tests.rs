@@ -62,10 +62,12 @@ fn plan(creates: &[&str], updates: Vec<EndpointSlice>, deletes: Vec<EndpointSlic
     }
 }
 
-/// The parts one pass needs: a term that lasts until a test ends it, a tracker, metrics.
+/// The parts one pass needs: a term that lasts until a test ends it, a tracker, the caches,
+/// metrics.
 struct Pass {
     term: TestTerm,
     tracker: Mutex<Tracker>,
+    caches: Caches,
     metrics: Metrics,
     rate: WriteRate,
     timing: Timing,
@@ -77,6 +79,7 @@ impl Pass {
         Self {
             term: TestTerm::new(),
             tracker: Mutex::new(Tracker::new()),
+            caches: Caches::new(),
             timing: Timing::new(metrics.timing.clone()),
             metrics,
             rate: WriteRate::unlimited(),
@@ -90,11 +93,23 @@ impl Pass {
             key: &key,
             fence: &self.term.fence,
             tracker: &self.tracker,
+            caches: &self.caches,
+            own_writes: true,
             metrics: &self.metrics,
             rate: &self.rate,
             timing: &self.timing,
         };
         write_plan(&pass, plan).await
+    }
+
+    fn must_read_back(&self) -> bool {
+        self.tracker
+            .lock()
+            .needs_read_back(&ServiceKey::new(NAMESPACE, "web"))
+    }
+
+    fn cached(&self, name: &str) -> Option<std::sync::Arc<CachedSlice>> {
+        self.caches.slices.get(NAMESPACE, name)
     }
 
     fn expects_delete(&self, slice: &EndpointSlice) -> bool {
@@ -150,6 +165,10 @@ async fn failed_create_sends_the_updates_but_no_delete() {
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(matches!(error, WriteError::Api { .. }), "{error:?}");
     assert_eq!(api.calls(), ["create web-", "replace web-a"]);
+    assert!(
+        pass.must_read_back(),
+        "a 500 may have been applied: the Service is read back first"
+    );
 }
 
 #[tokio::test]
@@ -163,6 +182,10 @@ async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(matches!(error, WriteError::Conflict { .. }), "{error:?}");
     assert_eq!(api.calls(), ["replace web-a", "replace web-b"]);
+    assert!(
+        pass.must_read_back(),
+        "a 409 refreshes the slices by a read, not by waiting for the watch"
+    );
 }
 
 #[tokio::test]
@@ -303,6 +326,7 @@ async fn rbac_refusal_is_an_api_error_not_a_fenced_write() {
     let pass = Pass::new();
     let error = pass.write(&api, &plan(&[], existing, Vec::new())).await;
     assert!(matches!(error, Err(WriteError::Api { .. })), "{error:?}");
+    assert!(!pass.must_read_back(), "a definite refusal changed nothing");
 }
 
 #[tokio::test]
@@ -346,4 +370,52 @@ async fn a_write_the_api_server_never_answers_fails_after_the_call_timeout() {
         panic!("expected a timed-out call, got {source:?}");
     };
     assert!(cause.is::<CallTimedOut>(), "{cause}");
+    assert!(
+        pass.must_read_back(),
+        "no answer: the outcome is unknown until a read shows it"
+    );
+}
+
+#[tokio::test]
+async fn each_answer_enters_the_cache_at_once_and_its_echo_changes_nothing() {
+    let api = TestApi::new();
+    let existing = stored(&api, &["web-a", "web-b"]).await;
+    let pass = Pass::new();
+    for slice in &existing {
+        drop(pass.caches.slices.apply(CachedSlice::from(slice)));
+    }
+    let plan = plan(
+        &["web-"],
+        vec![existing[0].clone()],
+        vec![existing[1].clone()],
+    );
+    pass.write(&api, &plan).await.unwrap();
+    let stored = api.slices(NAMESPACE);
+    let created = stored
+        .iter()
+        .find(|slice| slice.metadata.name.as_deref() != Some("web-a"))
+        .expect("the created slice");
+    let updated = stored
+        .iter()
+        .find(|slice| slice.metadata.name.as_deref() == Some("web-a"))
+        .expect("the updated slice");
+    let name = created.metadata.name.as_deref().unwrap();
+    assert_eq!(
+        pass.cached(name).map(|c| c.resource_version.clone()),
+        Some(CachedSlice::from(created).resource_version),
+        "the create's answer is cached"
+    );
+    assert_eq!(
+        pass.cached("web-a").map(|c| c.resource_version.clone()),
+        Some(CachedSlice::from(updated).resource_version),
+        "the update's answer is cached"
+    );
+    assert!(pass.cached("web-b").is_none(), "the delete is cached");
+    // The watch's echoes, late: the create, the version of web-a the plan saw, web-b's delete.
+    let slices = &pass.caches.slices;
+    assert!(slices.apply(CachedSlice::from(created)).is_none());
+    assert!(slices.apply(CachedSlice::from(&existing[0])).is_none());
+    assert!(slices.apply(CachedSlice::from(&existing[1])).is_none());
+    assert!(slices.delete(CachedSlice::from(&existing[1])).is_none());
+    assert!(!pass.must_read_back());
 }

@@ -65,17 +65,15 @@ pub struct Scripted {
 
 impl Scripted {
     /// Starts the replica as a follower (the Lease held by another) with empty caches, its slice
-    /// watch lagging [`WATCH_LAG`]; a Service waits on a cache behind its writes for at most
-    /// `stale_limit`; the safeguard `off`, if any, is switched off. Waits until its caches have
-    /// synced.
-    pub async fn start(stale_limit: Duration, off: Option<Safeguard>) -> Self {
-        Self::start_with(stale_limit, off, |_| {}).await
+    /// watch lagging [`WATCH_LAG`]; the safeguard `off`, if any, is switched off. Waits until its
+    /// caches have synced.
+    pub async fn start(off: Option<Safeguard>) -> Self {
+        Self::start_with(off, |_| {}).await
     }
 
     /// As [`Scripted::start`], with `edit` applied to the replica's configuration last (to switch
     /// a second controller safeguard off beside `off`).
     pub async fn start_with(
-        stale_limit: Duration,
         off: Option<Safeguard>,
         edit: impl FnOnce(&mut cluster::ControllerConfig),
     ) -> Self {
@@ -101,7 +99,6 @@ impl Scripted {
         };
         scripted.take_lease().await;
         let mut config = replica::config(IDENTITY, off);
-        config.stale_limit = stale_limit;
         edit(&mut config);
         scripted
             .replica
@@ -406,7 +403,7 @@ impl Scripted {
         ready.len() == 3 && ready.iter().all(|line| line.ends_with(" 1"))
     }
 
-    /// Reconciles that ended with `outcome` (`"Ok"`, `"Stale"`, `"Fenced"`, `"Conflict"`,
+    /// Reconciles that ended with `outcome` (`"Ok"`, `"Waited"`, `"Fenced"`, `"Conflict"`,
     /// `"Error"`), so far.
     pub fn outcomes(&self, outcome: &str) -> u64 {
         let series = format!("reconcile_duration_seconds_count{{outcome=\"{outcome}\"}}");

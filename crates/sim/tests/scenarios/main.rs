@@ -22,13 +22,9 @@ use crate::driver::{Scripted, WATCH_LAG, run, wait_until};
 /// The simulation's stall bound (`sim::replica::config`).
 const STALL_BOUND: Duration = Duration::from_secs(30);
 
-/// A stale limit no scenario should reach: a scenario that converges only through it would hide
-/// the bug it is about.
-const NEVER: Duration = Duration::from_secs(24 * 3600);
-
 /// The replica leading, with `web` selecting vm-1 and vm-2, published and seen back by the cache.
 async fn leading_with_web() -> Scripted {
-    let scripted = Scripted::start(NEVER, None).await;
+    let scripted = Scripted::start(None).await;
     scripted.apply_service(web().build()).await;
     scripted
         .apply_workload(vm("vm-1", "10.0.0.1").build())
@@ -56,7 +52,7 @@ fn reacquired_leader_recreates_slices_deleted_while_following() {
 
 fn recreates_slices_deleted_while_following(off: Option<Safeguard>) {
     run(|| async {
-        let scripted = Scripted::start(NEVER, off).await;
+        let scripted = Scripted::start(off).await;
         scripted.apply_service(web().build()).await;
         scripted
             .apply_workload(vm("vm-1", "10.0.0.1").build())
@@ -78,15 +74,15 @@ fn recreates_slices_deleted_while_following(off: Option<Safeguard>) {
         scripted.release_slice_watch();
         scripted.watch_caught_up().await;
 
-        let stale = scripted.outcomes("Stale");
+        let waited = scripted.outcomes("Waited");
         scripted.lead().await;
         scripted
             .wait_published("web", &["10.0.0.1", "10.0.0.2"])
             .await;
         scripted.settle().await;
         assert_eq!(
-            scripted.outcomes("Stale"),
-            stale,
+            scripted.outcomes("Waited"),
+            waited,
             "the new term waited on none of the old term's writes"
         );
         scripted.stop().await;
@@ -137,7 +133,7 @@ fn term_ending_mid_pass_sends_nothing_more_and_the_next_term_finishes_the_plan()
 
 fn term_ending_mid_pass(off: Option<Safeguard>) {
     run(|| async {
-        let scripted = Scripted::start(NEVER, off).await;
+        let scripted = Scripted::start(off).await;
         let dual_stack = web().families(&["IPv4", "IPv6"]).build();
         scripted.apply_service(dual_stack).await;
         let workload = vm("vm-1", "10.0.0.1").ip("fd00::1").build();
@@ -225,7 +221,7 @@ fn delete_of_a_slice_changed_since_planned_is_replanned_not_counted_as_deleted()
 
 fn delete_of_a_changed_slice(off: Option<Safeguard>) {
     run(|| async {
-        let scripted = Scripted::start(NEVER, off).await;
+        let scripted = Scripted::start(off).await;
         scripted.apply_service(web().build()).await;
         scripted
             .apply_workload(vm("vm-1", "10.0.0.1").build())
@@ -268,56 +264,62 @@ fn delete_of_a_changed_slice(off: Option<Safeguard>) {
     });
 }
 
-/// A slice watch that does not show our own writes holds the Service (`Stale`, nothing written)
-/// until the stale limit, then the Service is planned from the cache as it is; once the watch
-/// catches up, the slices converge with no endpoint published twice.
+/// The slice watch 25 s behind the other watches (the API server keeps one watch cache per
+/// resource, and one can fall behind): a change right after our own slice write is published
+/// within 2 s, not after the lag, and from a view that holds that write (clause 2 of the
+/// fresh-view rule: our answers enter the cache at once). No second slice, nothing published
+/// twice.
 #[test]
-fn slice_watch_lagging_our_writes_holds_the_service_until_the_stale_limit() {
+fn a_change_after_our_own_write_is_not_held_by_a_slice_watch_lagging_25_s() {
+    slice_watch_lagging_behind_our_writes(None);
+}
+
+/// Without clause 2, the next pass plans from a cache that lacks our create, and creates a
+/// second slice with the same endpoint.
+#[test]
+#[should_panic(expected = "an endpoint published twice")]
+fn without_own_writes_a_lagging_slice_watch_publishes_an_endpoint_twice() {
+    slice_watch_lagging_behind_our_writes(Some(Safeguard::OwnWrites));
+}
+
+fn slice_watch_lagging_behind_our_writes(off: Option<Safeguard>) {
     run(|| async {
-        let stale_limit = Duration::from_secs(5);
-        let scripted = Scripted::start(stale_limit, None).await;
+        let lag = Duration::from_secs(25);
+        let scripted = Scripted::start(off).await;
+        scripted.link().lag_watches_of("endpointslices", lag);
         scripted.apply_service(web().build()).await;
         scripted
             .apply_workload(vm("vm-1", "10.0.0.1").build())
             .await;
-        scripted.hold_slice_watch();
         scripted.lead().await;
         scripted.wait_published("web", &["10.0.0.1"]).await;
 
-        // The cache never showed our create: the next change waits for it.
+        // The cache has not shown our create through the watch (it is 25 s late).
+        let changed = Instant::now();
         scripted
             .apply_workload(vm("vm-2", "10.0.0.2").build())
             .await;
-        wait_until("a stale pass", || scripted.outcomes("Stale") >= 1).await;
-        let waiting_since = Instant::now();
-        sleep(stale_limit - Duration::from_secs(1)).await;
-        assert_eq!(
-            scripted.slice_writes().len(),
-            1,
-            "nothing written while the cache is behind"
-        );
-        assert!(scripted.outcomes("Stale") > 10, "retried every 100 ms");
-        assert_eq!(
-            scripted.metric("stale_cache_retries_total"),
-            Some(scripted.outcomes("Stale") as f64)
-        );
-
-        wait_until("a write past the stale limit", || {
-            scripted.slice_writes().len() > 1
+        wait_until("vm-2 published", || {
+            scripted.published("web").contains(&"10.0.0.2".to_string())
         })
         .await;
-        assert!(waiting_since.elapsed() >= stale_limit - Duration::from_millis(200));
-
-        scripted.release_slice_watch();
-        scripted
-            .wait_published("web", &["10.0.0.1", "10.0.0.2"])
-            .await;
-        scripted.settle().await;
+        let took = changed.elapsed();
+        let published = scripted.published("web");
         assert_eq!(
-            scripted.published("web"),
+            published,
             ["10.0.0.1", "10.0.0.2"],
-            "each once"
+            "an endpoint published twice: {published:?}"
         );
+        assert!(
+            took < Duration::from_secs(2),
+            "published {took:?} after the change, under a {lag:?} lag of our own slices"
+        );
+        assert_eq!(scripted.outcomes("Waited"), 0, "no wait for the echo");
+        assert_eq!(scripted.slice_writes().len(), 2, "one create, one update");
+
+        scripted.link().lag_watches_of("endpointslices", WATCH_LAG);
+        scripted.settle().await;
+        assert_eq!(scripted.published("web"), ["10.0.0.1", "10.0.0.2"]);
         assert_eq!(scripted.outcomes("Error"), 0);
         scripted.stop().await;
     });
@@ -359,11 +361,11 @@ fn replay_after_reacquire_publishes_changes_made_while_following() {
     });
 }
 
-/// A change that finds its Service waiting for our own previous write to show in the cache is
-/// published as soon as the watch shows that write, not a fixed stale retry later (issue 20: the
-/// 100 ms stale retry was the largest share of our p99 under load).
+/// A change that comes while the watch has not yet shown our own previous write is published
+/// at once, from the cache that holds that write's answer (issue 20 found the wait for the echo
+/// the largest share of our p99 under load; the fresh-view rule removed the wait).
 #[test]
-fn change_behind_our_own_write_is_published_when_the_write_shows_not_after_the_stale_retry() {
+fn change_behind_our_own_write_is_published_before_the_watch_shows_the_write() {
     run(|| async {
         let scripted = leading_with_web().await;
         let replaces = scripted.writes_of("PUT");
@@ -374,9 +376,8 @@ fn change_behind_our_own_write_is_published_when_the_write_shows_not_after_the_s
             scripted.writes_of("PUT") > replaces
         })
         .await;
-        // Our write is answered; the watch shows it WATCH_LAG later. A change now finds the
-        // cache behind that write.
-        let stale = scripted.outcomes("Stale");
+        // Our write is answered; the watch shows it WATCH_LAG later.
+        let waited = scripted.outcomes("Waited");
         let changed = Instant::now();
         scripted
             .apply_workload(vm("vm-2", "10.0.0.12").build())
@@ -385,13 +386,10 @@ fn change_behind_our_own_write_is_published_when_the_write_shows_not_after_the_s
             .wait_published("web", &["10.0.0.11", "10.0.0.12"])
             .await;
         let took = changed.elapsed();
+        assert_eq!(scripted.outcomes("Waited"), waited, "no wait for the echo");
         assert!(
-            scripted.outcomes("Stale") > stale,
-            "the second change found the cache behind the first write"
-        );
-        assert!(
-            took < cluster::STALE_RETRY / 2,
-            "published {took:?} after the change; the write showed within {WATCH_LAG:?}"
+            took < WATCH_LAG,
+            "published {took:?} after the change; the watch shows our write {WATCH_LAG:?} late"
         );
         scripted.settle().await;
         scripted.stop().await;
@@ -400,13 +398,11 @@ fn change_behind_our_own_write_is_published_when_the_write_shows_not_after_the_s
 
 // --- the scenarios' teeth ---
 
-/// Without a fresh tracker per term, the reacquired leader waits for ever on the write of its
-/// previous term that its cache never showed.
-#[test]
-#[should_panic(expected = "timed out waiting for web publishes")]
-fn without_a_fresh_tracker_the_reacquired_leader_never_recreates_the_slice() {
-    recreates_slices_deleted_while_following(Some(Safeguard::FreshTracker));
-}
+// A fresh tracker per term (`Safeguard::FreshTracker`) has no teeth in this controller any
+// more: the tracker's records (our own versions, writes of unknown outcome) make a later term
+// skip an echo or read a Service back, never wait on a cache, so a kept tracker changes nothing
+// a check sees. The runtime still builds the state fresh for every term (leadership's gate
+// tests), and `recreates_slices_deleted_while_following` keeps the scenario itself.
 
 /// Without the write fence, the pass goes on writing after its term ended.
 #[test]
@@ -424,43 +420,26 @@ fn without_version_fenced_deletes_a_changed_slice_is_deleted() {
 }
 
 /// A watch that lost its stream (here: silent past the stall bound, and its new streams silent
-/// too) may have missed changes that another kind's watch already shows. The leader plans
-/// nothing until it has caught up: otherwise a Service that now selects a deleted workload, the
-/// deletion unseen, puts it back although its removal was published.
+/// too) may have missed changes that another kind's watch already shows. Its watermark stays
+/// where it was, so clause 3 of the fresh-view rule reads the workload from the API server
+/// before adding it: a Service that now selects a workload deleted while the watch was lost
+/// does not get it back (its removal was published), and the wait is counted as `lost_watch`.
 #[test]
-fn a_service_is_not_planned_from_a_cache_whose_lost_watch_has_not_caught_up() {
-    lost_workload_watch(None, true);
+fn a_lost_workload_watch_does_not_put_back_a_deleted_workload() {
+    lost_workload_watch(None);
 }
 
-/// Without the wait, the plan reads the workload cache that missed the deletion, and the
-/// confirmation of its addition keeps the deleted workload out.
-#[test]
-fn without_the_catch_up_wait_the_confirmation_keeps_a_deleted_workload_out() {
-    lost_workload_watch(Some(Safeguard::CatchUp), true);
-}
-
-/// Without the wait and the confirmation, the deleted workload is put back.
+/// Without clause 3, the deleted workload is put back.
 #[test]
 #[should_panic(expected = "a deleted workload was put back")]
-fn without_the_catch_up_wait_and_the_confirmation_a_deleted_workload_is_put_back() {
-    lost_workload_watch(Some(Safeguard::CatchUp), false);
+fn without_additions_a_lost_workload_watch_puts_back_a_deleted_workload() {
+    lost_workload_watch(Some(Safeguard::Additions));
 }
 
-/// The replica started with the safeguard `off` and, unless `confirm`, the confirmation of
-/// additions off too.
-async fn start_without(off: Option<Safeguard>, confirm: bool) -> Scripted {
-    Scripted::start_with(NEVER, off, |config| {
-        if !confirm {
-            config.safeguards = config.safeguards.without_confirmed_additions();
-        }
-    })
-    .await
-}
-
-fn lost_workload_watch(off: Option<Safeguard>, confirm: bool) {
+fn lost_workload_watch(off: Option<Safeguard>) {
     run(|| async {
         // vm-2 leaves web: its removal is published.
-        let scripted = leading_without_web_vm_2(off, confirm).await;
+        let scripted = leading_without_web_vm_2(off).await;
 
         // The workload watch goes silent; at the stall bound it is restarted on a new
         // connection (its stream lost), and the new streams stay silent too.
@@ -477,17 +456,10 @@ fn lost_workload_watch(off: Option<Safeguard>, confirm: bool) {
             "a deleted workload was put back: {:?}",
             scripted.published("web")
         );
-        if off == Some(Safeguard::CatchUp) {
-            assert!(
-                scripted.metric("unconfirmed_additions_total") > Some(0.0),
-                "the API server did not confirm the addition"
-            );
-        } else {
-            assert!(
-                scripted.outcomes("CatchingUp") > 0,
-                "the reconcile waited for the workload cache"
-            );
-        }
+        assert!(
+            scripted.metric("view_waits_total{reason=\"lost_watch\"}") > Some(0.0),
+            "the API server did not confirm the addition while the watch was lost"
+        );
 
         scripted.link().release_watches();
         scripted.wait_published("web", &[]).await;
@@ -502,20 +474,20 @@ fn lost_workload_watch(off: Option<Safeguard>, confirm: bool) {
 /// server first, which no longer has the workload.
 #[test]
 fn a_lagging_workload_watch_does_not_put_back_a_deleted_workload() {
-    lagging_workload_watch(true);
+    lagging_workload_watch(None);
 }
 
-/// Without the confirmation, the Service's newer view re-selects the deleted workload.
+/// Without clause 3, the Service's newer view re-selects the deleted workload.
 #[test]
 #[should_panic(expected = "a deleted workload was put back")]
-fn without_the_confirmation_a_lagging_workload_watch_puts_back_a_deleted_workload() {
-    lagging_workload_watch(false);
+fn without_additions_a_lagging_workload_watch_puts_back_a_deleted_workload() {
+    lagging_workload_watch(Some(Safeguard::Additions));
 }
 
-fn lagging_workload_watch(confirm: bool) {
+fn lagging_workload_watch(off: Option<Safeguard>) {
     lagging_watch(
         "externalworkloads",
-        confirm,
+        off,
         "a deleted workload was put back",
         async |scripted| {
             scripted.delete_workload("vm-2").await;
@@ -531,20 +503,20 @@ fn lagging_workload_watch(confirm: bool) {
 /// has left: the Service is read from the API server first.
 #[test]
 fn a_lagging_service_watch_does_not_add_by_a_selector_the_service_has_left() {
-    lagging_service_watch(true);
+    lagging_service_watch(None);
 }
 
-/// Without the confirmation, vm-2 is put back by the old selector.
+/// Without clause 3, vm-2 is put back by the old selector.
 #[test]
 #[should_panic(expected = "added by a selector the Service has left")]
-fn without_the_confirmation_a_lagging_service_watch_adds_by_an_old_selector() {
-    lagging_service_watch(false);
+fn without_additions_a_lagging_service_watch_adds_by_an_old_selector() {
+    lagging_service_watch(Some(Safeguard::Additions));
 }
 
-fn lagging_service_watch(confirm: bool) {
+fn lagging_service_watch(off: Option<Safeguard>) {
     lagging_watch(
         "services",
-        confirm,
+        off,
         "added by a selector the Service has left",
         async |scripted| {
             scripted
@@ -563,12 +535,12 @@ fn lagging_service_watch(confirm: bool) {
 /// publishes nothing.
 fn lagging_watch(
     resource: &'static str,
-    confirm: bool,
+    off: Option<Safeguard>,
     failure: &'static str,
     change: impl AsyncFnOnce(&Scripted),
 ) {
     run(|| async {
-        let scripted = leading_without_web_vm_2(None, confirm).await;
+        let scripted = leading_without_web_vm_2(off).await;
         scripted.link().hold_watches_of(resource);
         change(&scripted).await;
         sleep(Duration::from_secs(5)).await;
@@ -578,7 +550,7 @@ fn lagging_watch(
             scripted.published("web")
         );
         assert!(
-            scripted.metric("unconfirmed_additions_total") > Some(0.0),
+            scripted.metric("view_waits_total{reason=\"unconfirmed\"}") > Some(0.0),
             "the API server did not confirm the addition"
         );
 
@@ -590,10 +562,9 @@ fn lagging_watch(
 }
 
 /// The replica leading, web selecting vm-1 and vm-2, then vm-2 relabelled out of web: its
-/// removal published and seen back. The safeguard `off` is switched off, and the confirmation
-/// of additions too unless `confirm`.
-async fn leading_without_web_vm_2(off: Option<Safeguard>, confirm: bool) -> Scripted {
-    let scripted = start_without(off, confirm).await;
+/// removal published and seen back. The safeguard `off` is switched off.
+async fn leading_without_web_vm_2(off: Option<Safeguard>) -> Scripted {
+    let scripted = Scripted::start(off).await;
     scripted.apply_service(web().build()).await;
     scripted
         .apply_workload(vm("vm-1", "10.0.0.1").build())

@@ -1,0 +1,256 @@
+//! The fresh-view rule, decided in one step (docs/architecture.md, "A fresh view").
+//!
+//! A pass for a Service may write only if every kind it reads has been read at least up to
+//!
+//! 1. the term's acquisition point: held by the acquisition barrier ([`crate::watch::fresh`]),
+//!    which runs before the term's replay, so no pass of the term runs before it;
+//! 2. the pass's own last write for that Service: each answer enters the slice cache at once
+//!    ([`crate::writer`]), and a write whose outcome is unknown holds the Service until a
+//!    consistent read of its slices is in the cache ([`Admission::ReadBack`]);
+//! 3. for an endpoint the pass adds, the version of the Service and of the workload the addition
+//!    follows from: shown by the watermarks ([`Marks`]: how far each kind's watch has read), or,
+//!    where they cannot show it, by a read from the API server ([`Admission::Confirm`],
+//!    [`crate::confirm`]).
+//!
+//! [`admit`] is that decision; the reconcile acts on its answer and counts every wait under one
+//! [`Wait`] reason.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use slices::{CachedService, CachedWorkload, Token};
+
+/// Why a pass did not write, or a term did not yet replay: the `reason` label of
+/// `external_endpoints_view_waits_total` and the `wait` field of the reconcile's log line.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // the label values operators query, in snake case
+pub enum Wait {
+    /// Clause 1: a new term's caches were brought up to its acquisition point before the replay
+    /// (counted once per term).
+    acquiring,
+    /// Clause 3: an addition the watermarks could not vouch for, and the API server's answer
+    /// disagreed with the view, while a watch that lost its stream had not yet caught up.
+    lost_watch,
+    /// Clause 2: a write of this Service's slices had an unknown outcome (or met a 409); its
+    /// slices were read back before planning again.
+    own_writes,
+    /// Clause 3: an addition the watermarks could not vouch for, and the API server no longer
+    /// has the Service selecting that workload (one watch behind another).
+    unconfirmed,
+}
+
+impl Wait {
+    /// Every reason, in the order the docs list them.
+    pub const ALL: [Wait; 4] = [
+        Wait::acquiring,
+        Wait::lost_watch,
+        Wait::own_writes,
+        Wait::unconfirmed,
+    ];
+}
+
+/// Label set with a [`Wait`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// Why.
+    pub reason: Wait,
+}
+
+/// How far each kind's watch had read when a pass took its view (0: nothing, or a version that
+/// is not a number). Taken before the caches are read: each cache holds at least everything up
+/// to its watermark.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// Services.
+    pub services: u64,
+    /// ExternalWorkloads.
+    pub workloads: u64,
+    /// Managed EndpointSlices (our own answers enter the cache per object, not here: an answer
+    /// says nothing of other Services' slices).
+    pub slices: u64,
+}
+
+/// What a pass read, as [`admit`] needs it.
+#[derive(Debug)]
+pub struct View<'a> {
+    /// A write of ours for this Service has an outcome not yet read back (clause 2).
+    pub unresolved_write: bool,
+    /// The Service, as cached.
+    pub service: &'a CachedService,
+    /// The workloads the plan adds to the Service's slices (none held there yet).
+    pub added: Vec<&'a CachedWorkload>,
+    /// The watermarks when the view was taken.
+    pub marks: Marks,
+}
+
+/// What [`admit`] decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission<'a> {
+    /// The view satisfies the rule: write the plan.
+    Write,
+    /// Clause 2: read the Service's slices back from the API server, then plan again.
+    ReadBack,
+    /// Clause 3: the watermarks cannot show that the view is at least as new as what the
+    /// additions follow from; read these from the API server first, and write only if they
+    /// agree with the view.
+    Confirm {
+        /// Read the Service (its uid and selector must be unchanged).
+        service: bool,
+        /// Read these added workloads (each must exist with the same uid, still selected).
+        workloads: Vec<&'a CachedWorkload>,
+    },
+}
+
+/// Decides whether a pass with this view may write (module docs).
+///
+/// Clause 3 in watermarks: for each added workload, the Service watch must have read up to the
+/// workload's version, and the workload watch up to the Service's. Then at the newer of the two
+/// versions both objects were as the view shows them, so the addition follows from a state the
+/// API server really had, not a mix of a newer Service and an older workload (or the reverse).
+pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
+    if view.unresolved_write {
+        return Admission::ReadBack;
+    }
+    if view.added.is_empty() {
+        return Admission::Write;
+    }
+    let service_version = version(view.service.resource_version.as_ref());
+    let newest_added = view
+        .added
+        .iter()
+        .map(|workload| version(workload.resource_version.as_ref()))
+        .max()
+        .unwrap_or(0);
+    let service = view.marks.services < service_version.max(newest_added);
+    let workloads: Vec<&CachedWorkload> = view
+        .added
+        .iter()
+        .copied()
+        .filter(|workload| {
+            let follows_from = service_version.max(version(workload.resource_version.as_ref()));
+            view.marks.workloads < follows_from
+        })
+        .collect();
+    if !service && workloads.is_empty() {
+        Admission::Write
+    } else {
+        Admission::Confirm { service, workloads }
+    }
+}
+
+/// A resourceVersion as a number; a missing one, or one that is not a number, is newer than any
+/// watermark (`u64::MAX`), so only a read can vouch for it.
+pub(crate) fn version(version: Option<&Token>) -> u64 {
+    match version {
+        Some(Token::Number(number)) => *number,
+        _ => u64::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Service;
+    use slices::testing::{vm, web};
+
+    use super::*;
+
+    fn service(version: &str) -> CachedService {
+        let mut service: Service = web().build();
+        service.metadata.resource_version = Some(version.into());
+        CachedService::from(&service)
+    }
+
+    fn workload(name: &str, version: &str) -> CachedWorkload {
+        let mut workload = vm(name, "10.0.0.1").build();
+        workload.metadata.resource_version = Some(version.into());
+        CachedWorkload::from(&workload)
+    }
+
+    fn marks(services: u64, workloads: u64) -> Marks {
+        Marks {
+            services,
+            workloads,
+            slices: 0,
+        }
+    }
+
+    /// One row: the Service's version, the added workloads' versions, the watermarks, whether a
+    /// write is unresolved, and what must be read (None: write; Some((service, workloads))).
+    type Row = (
+        &'static str,
+        &'static [&'static str],
+        Marks,
+        bool,
+        Option<(bool, &'static [&'static str])>,
+    );
+
+    #[test]
+    fn admission_by_clause() {
+        let rows: &[Row] = &[
+            // Nothing added: only clause 2 can hold a pass.
+            ("10", &[], marks(0, 0), false, None),
+            // Both watches past both versions: the watermarks vouch.
+            ("10", &["20"], marks(20, 20), false, None),
+            ("10", &["20"], marks(25, 30), false, None),
+            // The Service watch not yet at the workload's version (a selector change it has not
+            // delivered could make the addition wrong): read the Service.
+            ("10", &["20"], marks(19, 20), false, Some((true, &[]))),
+            // The workload watch not yet at the Service's version (a deletion it has not
+            // delivered, made before the selector change): read that workload.
+            (
+                "30",
+                &["20"],
+                marks(30, 29),
+                false,
+                Some((false, &["vm-0"])),
+            ),
+            // Each workload judged on its own (vm-1's own version not yet read: a race between
+            // the watermark and the cache read).
+            (
+                "25",
+                &["20", "35"],
+                marks(40, 30),
+                false,
+                Some((false, &["vm-1"])),
+            ),
+            // A version that is not a number is vouched for by a read only.
+            (
+                "opaque",
+                &["20"],
+                marks(100, 100),
+                false,
+                Some((true, &["vm-0"])),
+            ),
+            // Clause 2 first: an unresolved write is read back before anything else.
+            ("10", &["20"], marks(20, 20), true, None),
+            ("10", &[], marks(0, 0), true, None),
+        ];
+        for (index, (service_version, added, marks, unresolved, expected)) in
+            rows.iter().enumerate()
+        {
+            let service = service(service_version);
+            let workloads: Vec<CachedWorkload> = added
+                .iter()
+                .enumerate()
+                .map(|(i, version)| workload(&format!("vm-{i}"), version))
+                .collect();
+            let view = View {
+                unresolved_write: *unresolved,
+                service: &service,
+                added: workloads.iter().collect(),
+                marks: *marks,
+            };
+            let admission = admit(&view);
+            let expected = match (unresolved, expected) {
+                (true, _) => Admission::ReadBack,
+                (false, None) => Admission::Write,
+                (false, Some((service, names))) => Admission::Confirm {
+                    service: *service,
+                    workloads: workloads
+                        .iter()
+                        .filter(|workload| names.contains(&&*workload.name))
+                        .collect(),
+                },
+            };
+            assert_eq!(admission, expected, "row {index}");
+        }
+    }
+}
