@@ -83,6 +83,8 @@ struct LinkState {
     hold_answer: bool,
     /// Whether an applied slice write's answer is held now.
     answer_held: bool,
+    /// How many of the next applied slice writes lose their answer.
+    lose_answers: u32,
     /// Streams with an id below this end (with an error when `broken`).
     ended_below: u64,
     next_stream: u64,
@@ -217,6 +219,17 @@ impl Link {
         self.update(|state| state.lagging = Some((resource.to_string(), lag)));
     }
 
+    /// Watch frames of the lagging resource read from now on arrive on time again.
+    pub fn unlag_watches(&self) {
+        self.update(|state| state.lagging = None);
+    }
+
+    /// The replica's next `count` slice writes that the API applies lose their answers: the
+    /// writer sees a broken connection, and cannot tell whether the write was applied.
+    pub fn lose_next_answers(&self, count: u32) {
+        self.update(|state| state.lose_answers += count);
+    }
+
     /// Frames the API sent on watch streams that the replica has not received yet (held,
     /// lagged, paused).
     pub fn undelivered_frames(&self) -> usize {
@@ -263,6 +276,7 @@ impl Link {
             state.lagging = None;
             state.hold_answer = false;
             state.answer_held = false;
+            state.lose_answers = 0;
         });
     }
 
@@ -487,6 +501,19 @@ where
                     let _ = link.exits.send((link.replica, AtWrite::Crash));
                     // The process is gone: nobody reads this answer.
                     return std::future::pending().await;
+                }
+                let lost = {
+                    let mut state = link.state.lock();
+                    let lost = state.lose_answers > 0;
+                    state.lose_answers = state.lose_answers.saturating_sub(1);
+                    lost
+                };
+                if lost {
+                    return Err(
+                        "connection reset (simulated: the write was applied, its answer \
+                         lost)"
+                            .into(),
+                    );
                 }
                 let hold = std::mem::take(&mut link.state.lock().hold_answer);
                 if hold {

@@ -34,6 +34,10 @@ pub struct Options {
     /// Lease to change hands ([`Fault::PauseDuringNextWrite`]). Drawn from a stream of their
     /// own, so the rest of a seed's schedule is the same whatever their number.
     pub during_write: usize,
+    /// Faults of the fresh-view rule, on top of the others, from a stream of their own too: one
+    /// kind of one replica's watch lagging behind its other watches ([`Fault::LagKind`]), and a
+    /// slice write applied whose answer is lost ([`Fault::LoseAnswers`]).
+    pub view_faults: usize,
 }
 
 /// When a step happens, and what it is.
@@ -202,6 +206,17 @@ pub enum Fault {
     DeleteLease,
     /// Someone writes another holder into the Lease.
     OverwriteLease,
+    /// One kind of the replica's watches (`resource`, a plural name) falls `lag` behind its
+    /// other watches, in order, as when one of the API server's per-resource watch caches lags.
+    LagKind {
+        target: Target,
+        resource: &'static str,
+        lag: Duration,
+        lasting: Duration,
+    },
+    /// The leader's next `count` applied slice writes lose their answers: stored by the API
+    /// server, answered to the replica by a broken connection (the outcome unknown to it).
+    LoseAnswers { count: u32 },
     /// A follower's watches fall `lag` behind, then the leader is killed: the new leader's view
     /// lags the store (the stale-view pattern).
     StaleTakeover {
@@ -222,6 +237,7 @@ impl Default for Options {
             changes: 80,
             initial_workloads: 6,
             during_write: 3,
+            view_faults: 4,
         }
     }
 }
@@ -241,6 +257,7 @@ impl Schedule {
     /// The schedule of `seed`.
     pub fn generate(rng: &mut Rng, options: &Options) -> Self {
         let mut own = rng.derive(1);
+        let mut view = rng.derive(2);
         let mut names = Names::default();
         let initial = (0..NAMESPACES.len())
             .flat_map(|namespace| (0..options.initial_workloads).map(move |_| namespace))
@@ -278,6 +295,13 @@ impl Schedule {
             steps.push(Timed {
                 at,
                 step: Step::Fault(fault),
+            });
+        }
+        for _ in 0..options.view_faults {
+            let at = Duration::from_millis(3_000 + view.below(span.saturating_sub(3_000)));
+            steps.push(Timed {
+                at,
+                step: Step::Fault(view_fault(&mut view)),
             });
         }
         steps.sort_by_key(|timed| timed.at);
@@ -441,6 +465,24 @@ fn fault(rng: &mut Rng) -> Fault {
     }
 }
 
+/// The resources whose watch [`Fault::LagKind`] lags.
+const KINDS: [&str; 3] = ["services", "externalworkloads", "endpointslices"];
+
+fn view_fault(rng: &mut Rng) -> Fault {
+    if rng.chance(50) {
+        Fault::LagKind {
+            target: target(rng),
+            resource: KINDS[rng.index(KINDS.len())],
+            lag: rng.millis(1_000, 25_000),
+            lasting: rng.millis(5_000, 40_000),
+        }
+    } else {
+        Fault::LoseAnswers {
+            count: 1 + u32::try_from(rng.below(2)).unwrap_or(0),
+        }
+    }
+}
+
 impl fmt::Display for Timed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:>9.3}s {:?}", self.at.as_secs_f64(), self.step)
@@ -462,10 +504,13 @@ mod tests {
             .iter()
             .filter(|timed| matches!(timed.step, Step::Fault(_)))
             .count();
-        assert_eq!(faults, options.faults + options.during_write);
+        assert_eq!(
+            faults,
+            options.faults + options.during_write + options.view_faults
+        );
         assert_eq!(
             one.steps.len(),
-            options.faults + options.during_write + options.changes
+            options.faults + options.during_write + options.view_faults + options.changes
         );
         assert!(one.steps.windows(2).all(|pair| pair[0].at <= pair[1].at));
         assert!(one.steps.iter().all(|timed| timed.at < options.duration));

@@ -79,6 +79,7 @@ enum Later {
     NoErrors(usize),
     NotSlow(usize),
     NoLag(usize),
+    NoKindLag(usize),
     Restart(usize),
     CreateService { namespace: usize, service: usize },
 }
@@ -237,6 +238,7 @@ impl World {
                 Later::NoErrors(index) => self.replicas[index].link.errors(0),
                 Later::NotSlow(index) => self.replicas[index].link.slow(Duration::ZERO),
                 Later::NoLag(index) => self.replicas[index].link.lag(Duration::ZERO),
+                Later::NoKindLag(index) => self.replicas[index].link.unlag_watches(),
                 Later::Restart(index) => {
                     if self.replicas[index].running() {
                         // Still draining after a graceful stop: try again shortly.
@@ -341,6 +343,19 @@ impl World {
                 let index = self.target(Target::Leader);
                 self.armed.insert(index, lasting);
                 self.replicas[index].link.pause_at_next_write();
+            }
+            Fault::LagKind {
+                target,
+                resource,
+                lag,
+                lasting,
+            } => {
+                let lagging = move |link: &Link| link.lag_watches_of(resource, lag);
+                self.link_fault(target, lasting, lagging, Later::NoKindLag);
+            }
+            Fault::LoseAnswers { count } => {
+                let index = self.target(Target::Leader);
+                self.replicas[index].link.lose_next_answers(count);
             }
             Fault::Expire { target } => {
                 let index = self.target(target);
