@@ -32,10 +32,6 @@ pub const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 /// How soon a Service is looked at again when the lease is not safely held right now.
 pub const FENCED_RETRY: Duration = Duration::from_secs(1);
 
-/// At most this many read-backs of one Service's slices in one reconcile (a writer that keeps
-/// changing them is met with the conflict's retry instead).
-const READ_BACKS_AT_MOST: usize = 2;
-
 /// What every reconcile shares.
 pub struct Shared {
     /// The caches.
@@ -170,7 +166,8 @@ async fn reconcile_inner(
     began: &Began,
 ) -> Result<ReconcileOutcome, ReconcileError> {
     let state = context.state();
-    let mut read_backs = 0;
+    // At most twice round: a read-back resolves the Service's writes, and the second plan runs
+    // from the view that holds what they did.
     loop {
         let planning = Instant::now();
         // Before the caches: each cache holds at least everything up to its watermark.
@@ -201,9 +198,7 @@ async fn reconcile_inner(
             .observe(Stage::plan, planning.elapsed());
 
         let view = View {
-            unresolved_write: shared.own_writes
-                && read_backs < READ_BACKS_AT_MOST
-                && state.tracker.lock().needs_read_back(key),
+            unresolved_write: shared.own_writes && state.tracker.lock().needs_read_back(key),
             service: &service,
             added: if shared.additions {
                 confirm::added(&plan, &existing, &workloads)
@@ -222,7 +217,6 @@ async fn reconcile_inner(
                 );
                 read_back(shared, key).await?;
                 state.tracker.lock().read_back(key);
-                read_backs += 1;
                 continue;
             }
             Admission::Confirm {
