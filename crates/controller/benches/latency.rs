@@ -61,7 +61,7 @@ const STAGE_NAMES: [&str; 9] = [
     "event_to_key",
     "queued",
     "coalesced",
-    "stale_wait",
+    "view_wait",
     "retry_wait",
     "plan",
     "rate_limited",

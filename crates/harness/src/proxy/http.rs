@@ -16,6 +16,11 @@
 //!                     │ Hold(d):       each request held for d, then forwarded
 //!                     │ StallWatches:  watch answers (open and new) get no byte; the rest pass
 //!                     │ freeze_watches(): the watch streams open now never get another byte
+//!                     │ lag_watches_of(r, d): each frame of a watch of resource r started from
+//!                     │                now on reaches the replica d after the API server sent it
+//!                     │                (in order; read eagerly, so the server never sees a slow
+//!                     │                reader): one kind's watch behind the others, as when
+//!                     │                one of kube-apiserver's per-resource watch caches lags
 //!                     │ reset():       close every live connection once
 //! ```
 //!
@@ -30,6 +35,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use futures::{Stream, StreamExt};
@@ -81,6 +87,8 @@ struct Shared {
     /// never gets another byte.
     freezes: watch::Sender<u64>,
     upstream: kube::Client,
+    /// The resource (plural name) whose watches lag, and by how much.
+    lagging: parking_lot::Mutex<Option<(String, Duration)>>,
     connections: AtomicUsize,
     requests: AtomicUsize,
 }
@@ -116,6 +124,7 @@ impl HttpProxy {
             resets: watch::channel(0).0,
             freezes: watch::channel(0).0,
             upstream,
+            lagging: parking_lot::Mutex::new(None),
             connections: AtomicUsize::new(0),
             requests: AtomicUsize::new(0),
         });
@@ -190,6 +199,12 @@ current-context: proxy
     /// open (a connection stuck in a middlebox); watches started later pass.
     pub fn freeze_watches(&self) {
         self.shared.freezes.send_modify(|freezes| *freezes += 1);
+    }
+
+    /// Watches of `resource` (a plural name, `endpointslices`) started from now on deliver each
+    /// frame `lag` after the API server sent it; [`Duration::ZERO`] ends it for new watches.
+    pub fn lag_watches_of(&self, resource: &str, lag: Duration) {
+        *self.shared.lagging.lock() = (!lag.is_zero()).then(|| (resource.to_string(), lag));
     }
 
     /// How many connections were served so far (a replica that reconnected after a restore
@@ -318,6 +333,15 @@ async fn forward(
         parts.headers.remove(name);
     }
     let gate = is_watch.then(|| Gate::new(&shared));
+    let lag = is_watch
+        .then(|| {
+            let lagging = shared.lagging.lock();
+            lagging
+                .as_ref()
+                .filter(|(resource, _)| names_resource(parts.uri.path(), resource))
+                .map(|(_, lag)| *lag)
+        })
+        .flatten();
     let answer = shared
         .upstream
         .send(Request::from_parts(parts, kube::client::Body::from(body)))
@@ -331,7 +355,12 @@ async fn forward(
         None => body.map_err(BoxError::from).boxed_unsync(),
         Some(mut gate) => {
             gate.open().await;
-            StreamBody::new(gated(BodyStream::new(body), gate)).boxed_unsync()
+            match lag {
+                None => StreamBody::new(gated(BodyStream::new(body), gate)).boxed_unsync(),
+                Some(lag) => {
+                    StreamBody::new(lagged(gated(BodyStream::new(body), gate), lag)).boxed_unsync()
+                }
+            }
         }
     };
     Ok(Response::from_parts(parts, body))
@@ -347,6 +376,37 @@ fn gated(
         gate.open().await;
         Some((frame.map_err(BoxError::from), (frames, gate)))
     })
+}
+
+/// `frames`, each passed on `lag` after it arrived, in order. A task reads them as they come,
+/// so the API server's side of the stream never waits on the lag.
+fn lagged(
+    frames: impl Stream<Item = Result<Frame<Bytes>, BoxError>> + Send + 'static,
+    lag: Duration,
+) -> impl Stream<Item = Result<Frame<Bytes>, BoxError>> + Send {
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut frames = pin!(frames);
+        while let Some(frame) = frames.next().await {
+            if sender.send((tokio::time::Instant::now() + lag, frame)).is_err() {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        let (due, frame) = receiver.recv().await?;
+        tokio::time::sleep_until(due).await;
+        Some((frame, receiver))
+    })
+}
+
+/// Whether the request path names `resource` (`.../<resource>` or `.../<resource>/<name>`).
+fn names_resource(path: &str, resource: &str) -> bool {
+    path.trim_matches('/')
+        .split('/')
+        .rev()
+        .take(2)
+        .any(|segment| segment == resource)
 }
 
 /// Whether a query asks for a watch (`watch=true` or `watch=1`).
@@ -369,5 +429,18 @@ mod tests {
         assert!(!is_watch(Some("watch=false")));
         assert!(!is_watch(Some("limit=500")));
         assert!(!is_watch(None));
+    }
+
+    #[test]
+    fn a_lag_names_its_resource_by_the_path() {
+        assert!(names_resource(
+            "/apis/discovery.k8s.io/v1/endpointslices",
+            "endpointslices"
+        ));
+        assert!(names_resource(
+            "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices",
+            "endpointslices"
+        ));
+        assert!(!names_resource("/api/v1/namespaces/ns/services", "endpointslices"));
     }
 }
