@@ -21,7 +21,10 @@ use kube::{
 };
 use serde::Serialize;
 
-use crate::cli::Settings;
+use crate::{
+    cli::{Args, Settings, Source},
+    installed::{self, Installed, SearchError},
+};
 
 /// Oldest supported API server minor version: 1.33 is the first whose EndpointSlice API keeps
 /// every field the controller writes (`trafficDistribution` is GA there).
@@ -33,15 +36,45 @@ const WORKLOAD_API: &str = "workload.linkerd.io/v1beta1";
 /// One check's outcome.
 #[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
-    /// Short name, stable for scripts (`api-server`, `crd`, `rbac`, `lease`, `candidates`).
+    /// Short name, stable for scripts (`api-server`, `lease-namespace`, `crd`, `rbac`, `lease`,
+    /// `candidates`).
     pub check: &'static str,
-    /// Whether it passed.
+    /// Whether it passed (a note always does).
     pub ok: bool,
     /// What was found.
     pub detail: String,
     /// On failure, what to do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// On failure, a command the operator can run next (`kubectl ...`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Not a check: where `check` looked (for the Lease).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub note: bool,
+}
+
+/// The Lease to check, and how it was found.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// The controller Deployment it was read from, if any (`namespace/name`).
+    pub deployment: Option<(String, String)>,
+}
+
+/// Writes the operator's next commands with the kubeconfig, context and impersonation the
+/// check ran with, so they can be pasted as printed.
+#[derive(Clone, Debug, Default)]
+pub struct Kubectl {
+    /// `--kubeconfig`.
+    pub kubeconfig: Option<String>,
+    /// `--context`.
+    pub context: Option<String>,
+    /// `--as` and `--as-group`, for the rights.
+    pub impersonate: Option<(String, Vec<String>)>,
 }
 
 /// Where a right is needed.
@@ -117,43 +150,125 @@ impl Outcome {
             ok: true,
             detail: detail.into(),
             fix: None,
+            command: None,
+            note: false,
         }
     }
 
-    fn fail(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    fn note(check: &'static str, detail: impl Into<String>) -> Self {
+        Outcome {
+            note: true,
+            ..Outcome::pass(check, detail)
+        }
+    }
+
+    fn fail(
+        check: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+        command: impl Into<String>,
+    ) -> Self {
         Outcome {
             check,
             ok: false,
             detail: detail.into(),
             fix: Some(fix.into()),
+            command: Some(command.into()),
+            note: false,
         }
     }
 
-    /// `PASS api-server: ...`, or `FAIL ...: ... -> fix`.
+    /// `PASS api-server: ...`, `NOTE lease-namespace: ...`, or `FAIL ...: ... -> fix: command`.
     pub fn line(&self) -> String {
-        match (&self.fix, self.ok) {
-            (Some(fix), false) => format!("FAIL {}: {} -> {fix}", self.check, self.detail),
+        match (&self.fix, &self.command, self.ok) {
+            (Some(fix), Some(command), false) => {
+                format!("FAIL {}: {} -> {fix}: {command}", self.check, self.detail)
+            }
+            (Some(fix), None, false) => format!("FAIL {}: {} -> {fix}", self.check, self.detail),
+            _ if self.note => format!("NOTE {}: {}", self.check, self.detail),
             _ => format!("PASS {}: {}", self.check, self.detail),
         }
     }
 }
 
-/// Runs every check in order; when the API server cannot be reached, only that one.
-pub async fn run(client: &Client, settings: &Settings) -> Vec<Outcome> {
-    let mut outcomes = vec![api_server(client).await];
+// === impl Kubectl ===
+
+impl Kubectl {
+    /// `kubectl [--kubeconfig ..] [--context ..] REST`.
+    fn run(&self, rest: &str) -> String {
+        let mut line = "kubectl".to_string();
+        if let Some(path) = &self.kubeconfig {
+            line.push_str(&format!(" --kubeconfig {path}"));
+        }
+        if let Some(context) = &self.context {
+            line.push_str(&format!(" --context {context}"));
+        }
+        format!("{line} {rest}")
+    }
+
+    /// `kubectl auth can-i VERB RESOURCE WHERE [--as ..]`.
+    fn can_i(&self, verb: &str, resource: &str, namespace: Option<&str>) -> String {
+        let place = match namespace {
+            Some(namespace) => format!("-n {namespace}"),
+            None => "--all-namespaces".to_string(),
+        };
+        let mut rest = format!("auth can-i {verb} {resource} {place}");
+        if let Some((user, groups)) = &self.impersonate {
+            rest.push_str(&format!(" --as {user}"));
+            for group in groups {
+                rest.push_str(&format!(" --as-group {group}"));
+            }
+        }
+        self.run(&rest)
+    }
+}
+
+// === impl Target ===
+
+impl Target {
+    /// `namespace/name`.
+    fn at(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Where to read the replicas' logs: the Deployment found, or the pods of the namespace.
+    fn logs(&self, kubectl: &Kubectl) -> String {
+        match &self.deployment {
+            Some((namespace, name)) => kubectl.run(&format!("-n {namespace} logs deploy/{name}")),
+            None => kubectl.run(&format!(
+                "-n {} get pods -l {}",
+                self.namespace,
+                installed::LABEL
+            )),
+        }
+    }
+}
+
+/// Runs every check in order; when the API server cannot be reached, only that one. `client`
+/// acts as the identity whose rights are checked (impersonated with `--as`); `own` is the
+/// caller's own identity, which looks for the installed controller.
+pub async fn run(
+    own: &Client,
+    client: &Client,
+    settings: &Settings,
+    kubectl: &Kubectl,
+) -> Vec<Outcome> {
+    let mut outcomes = vec![api_server(client, kubectl).await];
     if !outcomes[0].ok {
         return outcomes;
     }
-    outcomes.push(crd(client).await);
-    outcomes.extend(rbac(client, settings).await);
-    outcomes.push(lease(client, settings).await);
+    let (target, looked) = locate(own, settings, kubectl).await;
+    outcomes.push(looked);
+    outcomes.push(crd(client, kubectl).await);
+    outcomes.extend(rbac(client, &target, settings, kubectl).await);
+    outcomes.push(lease(client, &target, kubectl).await);
     if settings.coordinated.is_some() {
-        outcomes.push(candidates(client, settings).await);
+        outcomes.push(candidates(client, &target, kubectl).await);
     }
     outcomes
 }
 
-async fn api_server(client: &Client) -> Outcome {
+async fn api_server(client: &Client, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "api-server";
     let info = match client.apiserver_version().await {
         Ok(info) => info,
@@ -162,6 +277,7 @@ async fn api_server(client: &Client) -> Outcome {
                 CHECK,
                 format!("cannot reach the API server: {error}"),
                 "check --kubeconfig/--context and that the server is up",
+                kubectl.run("cluster-info"),
             );
         }
     };
@@ -175,13 +291,107 @@ async fn api_server(client: &Client) -> Outcome {
             CHECK,
             format!("version {version} is not supported"),
             format!("upgrade the API server to 1.{MIN_MINOR} or newer"),
+            kubectl.run("version"),
         ),
     }
 }
 
-async fn crd(client: &Client) -> Outcome {
+/// Where the Lease is, looked for as an operator would: `--lease-namespace`, then
+/// `POD_NAMESPACE`, then the installed controller's Deployment (found by its label, with the
+/// caller's own identity), then the kubeconfig's namespace. The Lease's name is `--lease-name`
+/// (or `LEASE_NAME`), else the Deployment's. The note says where it looked.
+pub async fn locate(own: &Client, settings: &Settings, kubectl: &Kubectl) -> (Target, Outcome) {
+    const CHECK: &str = "lease-namespace";
+    let sources = settings.args.sources;
+    let given = |from: &str| {
+        let namespace = settings.lease.namespace().to_string();
+        let note = Outcome::note(CHECK, format!("{namespace}, {from}"));
+        let name = settings.lease.name().to_string();
+        let target = Target {
+            namespace,
+            name,
+            deployment: None,
+        };
+        (target, note)
+    };
+    match sources.lease_namespace {
+        Source::Flag => return given("from --lease-namespace"),
+        Source::Env => return given("from POD_NAMESPACE (--lease-namespace not given)"),
+        Source::Default => {}
+    }
+    let mut looked = vec![
+        "--lease-namespace not given".to_string(),
+        "POD_NAMESPACE not set".into(),
+    ];
+    match installed::find(own).await {
+        Ok(found) => {
+            let readable: Vec<(&Installed, &Args)> = (found.iter())
+                .filter_map(|i| i.args.as_ref().ok().map(|args| (i, args.as_ref())))
+                .collect();
+            for unreadable in found.iter().filter(|i| i.args.is_err()) {
+                let error = unreadable.args.as_ref().err().cloned().unwrap_or_default();
+                looked.push(format!(
+                    "Deployment {}: cannot read its flags ({error})",
+                    unreadable.key()
+                ));
+            }
+            if let Some((first, args)) = readable.first() {
+                let name = match sources.lease_name {
+                    Source::Default => args.lease_name.clone(),
+                    _ => settings.lease.name().to_string(),
+                };
+                let target = Target {
+                    namespace: args.lease_namespace.clone(),
+                    name,
+                    deployment: Some((first.namespace.clone(), first.name.clone())),
+                };
+                let mut detail = format!(
+                    "{}, from Deployment {} (labelled {}, found as the kubeconfig's user in all namespaces)",
+                    target.namespace,
+                    first.key(),
+                    installed::LABEL
+                );
+                if readable.len() > 1 {
+                    let others: Vec<String> = readable[1..]
+                        .iter()
+                        .map(|(i, a)| {
+                            format!("{} (Lease {}/{})", i.key(), a.lease_namespace, a.lease_name)
+                        })
+                        .collect();
+                    detail.push_str(&format!(
+                        "; also found {}: pass --lease-namespace to check another",
+                        others.join(", ")
+                    ));
+                }
+                looked.push(detail);
+                return (target, Outcome::note(CHECK, looked.join("; ")));
+            }
+            looked.push(format!(
+                "no readable Deployment labelled {} in any namespace",
+                installed::LABEL
+            ));
+        }
+        Err(SearchError::Forbidden(message)) => looked.push(format!(
+            "the kubeconfig's user may not list Deployments in all namespaces ({message}; {})",
+            kubectl.run("auth can-i list deployments.apps --all-namespaces")
+        )),
+        Err(SearchError::Failed(error)) => {
+            looked.push(format!("listing Deployments failed: {error}"))
+        }
+    }
+    let namespace = own.default_namespace().to_string();
+    looked.push(format!("{namespace}, the kubeconfig's namespace"));
+    let target = Target {
+        namespace,
+        name: settings.lease.name().to_string(),
+        deployment: None,
+    };
+    (target, Outcome::note(CHECK, looked.join("; ")))
+}
+async fn crd(client: &Client, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "crd";
-    let fix = "install the ExternalWorkload CRD (deploy/crds/externalworkloads.yaml or Linkerd's)";
+    let fix = "install the ExternalWorkload CRD (ours, or Linkerd's)";
+    let install = kubectl.run("apply -f deploy/crds/externalworkloads.yaml");
     match client.list_api_group_resources(WORKLOAD_API).await {
         Ok(list) if list.resources.iter().any(|r| r.name == "externalworkloads") => {
             Outcome::pass(CHECK, format!("externalworkloads served at {WORKLOAD_API}"))
@@ -190,22 +400,28 @@ async fn crd(client: &Client) -> Outcome {
             CHECK,
             format!("{WORKLOAD_API} does not serve externalworkloads"),
             fix,
+            install,
         ),
         Err(kube::Error::Api(status)) if status.code == 404 => {
-            Outcome::fail(CHECK, format!("{WORKLOAD_API} is not served"), fix)
+            Outcome::fail(CHECK, format!("{WORKLOAD_API} is not served"), fix, install)
         }
         Err(error) => Outcome::fail(
             CHECK,
             format!("cannot read discovery for {WORKLOAD_API}: {error}"),
             "check that this identity may read API discovery",
+            kubectl.run("api-resources --api-group=workload.linkerd.io"),
         ),
     }
 }
 
 /// One outcome per resource: which verbs are missing, and where.
-async fn rbac(client: &Client, settings: &Settings) -> Vec<Outcome> {
+async fn rbac(
+    client: &Client,
+    target: &Target,
+    settings: &Settings,
+    kubectl: &Kubectl,
+) -> Vec<Outcome> {
     const CHECK: &str = "rbac";
-    let lease_namespace = settings.lease.namespace();
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut outcomes = Vec::new();
     for need in NEEDS {
@@ -214,7 +430,7 @@ async fn rbac(client: &Client, settings: &Settings) -> Vec<Outcome> {
         }
         let namespace = match need.scope {
             Scope::Cluster => None,
-            Scope::LeaseNamespace => Some(lease_namespace.to_string()),
+            Scope::LeaseNamespace => Some(target.namespace.clone()),
         };
         let place = namespace
             .as_deref()
@@ -242,38 +458,53 @@ async fn rbac(client: &Client, settings: &Settings) -> Vec<Outcome> {
             };
             match api.create(&PostParams::default(), &review).await {
                 Ok(result) if result.status.as_ref().is_some_and(|s| s.allowed) => {}
-                Ok(_) => missing.push((*verb).to_string()),
-                Err(error) => missing.push(format!("{verb} (review failed: {error})")),
+                Ok(_) => missing.push(((*verb).to_string(), *verb)),
+                Err(error) => missing.push((format!("{verb} (review failed: {error})"), *verb)),
             }
         }
-        outcomes.push(if missing.is_empty() {
-            Outcome::pass(
+        outcomes.push(match missing.first() {
+            None => Outcome::pass(
                 CHECK,
                 format!("{resource} {place}: {}", need.verbs.join(", ")),
-            )
-        } else {
-            Outcome::fail(
-                CHECK,
-                format!("{resource} {place}: missing {}", missing.join(", ")),
-                "grant them as deploy/rbac.yaml does (ClusterRole, Role in the Lease namespace)",
-            )
+            ),
+            Some((_, verb)) => {
+                let names: Vec<&str> = missing.iter().map(|(text, _)| text.as_str()).collect();
+                Outcome::fail(
+                    CHECK,
+                    format!("{resource} {place}: missing {}", names.join(", ")),
+                    "grant them as deploy/rbac.yaml does (ClusterRole, Role in the Lease namespace), then confirm",
+                    kubectl.can_i(verb, &resource, namespace.as_deref()),
+                )
+            }
         });
     }
     outcomes
 }
 
-async fn lease(client: &Client, settings: &Settings) -> Outcome {
+async fn lease(client: &Client, target: &Target, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "lease";
-    let (namespace, name) = (settings.lease.namespace(), settings.lease.name());
-    let at = format!("{namespace}/{name}");
+    let (namespace, name) = (target.namespace.as_str(), target.name.as_str());
+    let at = target.at();
+    let get = kubectl.run(&format!("-n {namespace} get lease {name} -o yaml"));
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let lease = match api.get_opt(name).await {
         Ok(Some(lease)) => lease,
+        Ok(None) if target.deployment.is_some() => {
+            return Outcome::fail(
+                CHECK,
+                format!("{at} does not exist"),
+                "the controller's first replica creates it: see why none did",
+                target.logs(kubectl),
+            );
+        }
         Ok(None) => {
             return Outcome::fail(
                 CHECK,
                 format!("{at} does not exist"),
-                "start the controller: its first replica creates the Lease (check --lease-name/--lease-namespace)",
+                "start the controller (its first replica creates the Lease), or find the Lease and pass --lease-namespace",
+                kubectl.run(&format!(
+                    "get leases --all-namespaces --field-selector metadata.name={name}"
+                )),
             );
         }
         Err(error) => {
@@ -281,6 +512,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
                 CHECK,
                 format!("cannot read {at}: {error}"),
                 "check --lease-namespace and the Lease rights above",
+                get,
             );
         }
     };
@@ -291,6 +523,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
             CHECK,
             format!("{at} has no holder ({transitions} transitions)"),
             "no replica is leading: check that the controller's pods are running and ready",
+            target.logs(kubectl),
         );
     };
     let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
@@ -299,6 +532,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
             CHECK,
             format!("{at} held by {holder} without a renew time"),
             "a replica writes it at its next renewal; if it stays so, delete the Lease",
+            kubectl.run(&format!("-n {namespace} delete lease {name}")),
         );
     };
     let age = Timestamp::now()
@@ -317,6 +551,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
                 format(age - duration),
             ),
             "the holder stopped renewing and no standby took over: check the controller's pods and their logs",
+            target.logs(kubectl),
         )
     } else {
         Outcome::pass(
@@ -330,9 +565,9 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
     }
 }
 
-async fn candidates(client: &Client, settings: &Settings) -> Outcome {
+async fn candidates(client: &Client, target: &Target, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "candidates";
-    let (namespace, name) = (settings.lease.namespace(), settings.lease.name());
+    let (namespace, name) = (target.namespace.as_str(), target.name.as_str());
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), namespace);
     match api.list(&ListParams::default()).await {
         Ok(list) => {
@@ -345,6 +580,7 @@ async fn candidates(client: &Client, settings: &Settings) -> Outcome {
                     CHECK,
                     format!("no LeaseCandidate for {namespace}/{name}"),
                     "start the controller with --coordinated-election",
+                    target.logs(kubectl),
                 )
             } else {
                 Outcome::pass(CHECK, format!("{}: {}", names.len(), names.join(", ")))
@@ -354,11 +590,17 @@ async fn candidates(client: &Client, settings: &Settings) -> Outcome {
             CHECK,
             "coordination.k8s.io/v1beta1 LeaseCandidate is not served",
             "enable the API server's CoordinatedLeaderElection feature gate and coordination.k8s.io/v1beta1, or drop --coordinated-election",
+            kubectl.run("api-resources --api-group=coordination.k8s.io"),
         ),
         Err(error) => Outcome::fail(
             CHECK,
             format!("cannot list LeaseCandidates in {namespace}: {error}"),
             "check the LeaseCandidate rights above",
+            kubectl.can_i(
+                "list",
+                "leasecandidates.coordination.k8s.io",
+                Some(namespace),
+            ),
         ),
     }
 }
