@@ -46,7 +46,8 @@ pub struct Args {
     )]
     pub lease_name: String,
 
-    /// Namespace of the Lease (normally the controller's own namespace).
+    /// Namespace of the Lease (normally the controller's own namespace). `check` without it
+    /// (or POD_NAMESPACE) looks at the installed controller's Deployment, then the kubeconfig.
     #[arg(global = true, long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
 
@@ -530,6 +531,53 @@ mod tests {
         let mut argv = vec!["external-endpoints"];
         argv.extend_from_slice(extra);
         Args::try_parse_from(argv)
+    }
+
+    fn invocation(argv: &[&str]) -> Invocation {
+        Invocation::of(argv.iter().map(Into::into).collect())
+    }
+
+    #[test]
+    fn the_plugin_is_recognised_by_its_executable_name_only() {
+        let plugin = invocation(&["/home/me/.krew/bin/kubectl-external_endpoints"]);
+        assert!(plugin.as_plugin && !plugin.explicit_run);
+        assert!(!invocation(&["/usr/local/bin/external-endpoints"]).as_plugin);
+        assert!(!invocation(&["kubectl-external_endpoints-old"]).as_plugin);
+        let help = plugin.command().render_usage().to_string();
+        assert!(help.starts_with("Usage: kubectl external-endpoints"), "{help}");
+    }
+
+    #[test]
+    fn run_is_dropped_so_the_replica_flags_may_follow_it() {
+        let run = invocation(&["external-endpoints", "run", "--identity", "a"]);
+        assert!(run.explicit_run);
+        let args = Args::parse_from_invocation(&run).unwrap();
+        assert!(args.command.is_none() && args.runs_replica());
+        assert_eq!(args.identity.as_deref(), Some("a"));
+        let after_flags = invocation(&["external-endpoints", "--identity", "a", "run"]);
+        let args = Args::parse_from_invocation(&after_flags).unwrap();
+        assert!(matches!(args.command, Some(Command::Run)) && args.runs_replica());
+        let check = invocation(&["external-endpoints", "check"]);
+        assert!(!Args::parse_from_invocation(&check).unwrap().runs_replica());
+    }
+
+    #[test]
+    fn sources_tell_a_flag_from_a_default() {
+        let given = invocation(&[
+            "external-endpoints",
+            "diff",
+            "--managed-by",
+            "me",
+            "--lease-namespace",
+            "ns",
+        ]);
+        let sources = Args::parse_from_invocation(&given).unwrap().sources;
+        assert_eq!(sources.managed_by, Source::Flag);
+        assert_eq!(sources.lease_namespace, Source::Flag);
+        assert_eq!(sources.slice_prefix, Source::Default);
+        assert_eq!(sources.max_endpoints_per_slice, Source::Default);
+        let args = Args::parse_from_invocation(&invocation(&["external-endpoints"])).unwrap();
+        assert_eq!(args.sources.managed_by, Source::Default);
     }
 
     #[test]

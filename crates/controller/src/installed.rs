@@ -136,3 +136,83 @@ fn env_value(var: &EnvVar, namespace: &str) -> Option<String> {
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{EnvVarSource, ObjectFieldSelector};
+
+    use super::*;
+
+    fn container(args: &[&str], env: Vec<EnvVar>) -> Container {
+        Container {
+            name: CONTAINER.into(),
+            args: Some(args.iter().map(|a| a.to_string()).collect()),
+            env: Some(env),
+            ..Container::default()
+        }
+    }
+
+    fn literal(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            ..EnvVar::default()
+        }
+    }
+
+    fn field(name: &str, path: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }
+    }
+
+    #[test]
+    fn the_deployments_downward_namespace_is_the_lease_namespace() {
+        let env = vec![
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+        ];
+        let args = container_args(&container(&["--lease-name=held"], env), "ops").unwrap();
+        assert_eq!(args.lease_namespace, "ops");
+        assert_eq!(args.lease_name, "held");
+        assert_eq!(args.identity, None, "the pod name is not known here");
+    }
+
+    #[test]
+    fn args_override_the_environment_and_planner_flags_are_read() {
+        let env = vec![
+            field("POD_NAMESPACE", "metadata.namespace"),
+            literal("WATCH_NAMESPACE", "apps"),
+            literal("COORDINATED_ELECTION", "true"),
+        ];
+        let argv = [
+            "--lease-namespace=elsewhere",
+            "--max-endpoints-per-slice",
+            "7",
+            "--managed-by=me",
+            "--slice-prefix=mine-",
+        ];
+        let args = container_args(&container(&argv, env), "ops").unwrap();
+        assert_eq!(args.lease_namespace, "elsewhere");
+        assert_eq!(args.watch_namespace.as_deref(), Some("apps"));
+        assert!(args.coordinated_election);
+        assert_eq!(args.max_endpoints_per_slice, 7);
+        assert_eq!(args.managed_by, "me");
+        assert_eq!(args.slice_prefix, "mine-");
+    }
+
+    #[test]
+    fn an_unknown_flag_is_reported_not_guessed() {
+        let error = container_args(&container(&["--from-the-future"], vec![]), "ops").unwrap_err();
+        assert!(error.contains("--from-the-future"), "{error}");
+        assert_eq!(error.lines().count(), 1);
+    }
+}
