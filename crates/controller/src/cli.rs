@@ -544,7 +544,10 @@ mod tests {
         assert!(!invocation(&["/usr/local/bin/external-endpoints"]).as_plugin);
         assert!(!invocation(&["kubectl-external_endpoints-old"]).as_plugin);
         let help = plugin.command().render_usage().to_string();
-        assert!(help.starts_with("Usage: kubectl external-endpoints"), "{help}");
+        assert!(
+            help.starts_with("Usage: kubectl external-endpoints"),
+            "{help}"
+        );
     }
 
     #[test]

@@ -427,7 +427,12 @@ async fn lease_found_through_the_installed_deployment_without_flag_or_pod_namesp
     );
     let output = check_with_env(
         kubeconfig,
-        &["--lease-namespace", &namespace, "--lease-name", "found-lease"],
+        &[
+            "--lease-namespace",
+            &namespace,
+            "--lease-name",
+            "found-lease",
+        ],
         &[("POD_NAMESPACE", "default")],
     )
     .await;
@@ -550,5 +555,8 @@ async fn a_caller_who_cannot_list_deployments_is_told_and_the_kubeconfig_namespa
         "{text}"
     );
     let failures = assert_failures_end_with_a_command(&kubeconfig, &[]).await;
-    assert!(failures >= 5, "no rights, so every rbac line fails too:\n{text}");
+    assert!(
+        failures >= 5,
+        "no rights, so every rbac line fails too:\n{text}"
+    );
 }
