@@ -367,7 +367,7 @@ pub async fn locate(own: &Client, settings: &Settings, kubectl: &Kubectl) -> (Ta
                 return (target, Outcome::note(CHECK, looked.join("; ")));
             }
             looked.push(format!(
-                "no readable Deployment labelled {} in any namespace",
+                "no Deployment labelled {} in any namespace",
                 installed::LABEL
             ));
         }
@@ -407,7 +407,10 @@ async fn crd(client: &Client, kubectl: &Kubectl) -> Outcome {
         }
         Err(error) => Outcome::fail(
             CHECK,
-            format!("cannot read discovery for {WORKLOAD_API}: {error}"),
+            format!(
+                "cannot read discovery for {WORKLOAD_API}: {}",
+                reason(&error)
+            ),
             "check that this identity may read API discovery",
             kubectl.run("api-resources --api-group=workload.linkerd.io"),
         ),
@@ -459,7 +462,9 @@ async fn rbac(
             match api.create(&PostParams::default(), &review).await {
                 Ok(result) if result.status.as_ref().is_some_and(|s| s.allowed) => {}
                 Ok(_) => missing.push(((*verb).to_string(), *verb)),
-                Err(error) => missing.push((format!("{verb} (review failed: {error})"), *verb)),
+                Err(error) => {
+                    missing.push((format!("{verb} (review failed: {})", reason(&error)), *verb))
+                }
             }
         }
         outcomes.push(match missing.first() {
@@ -510,7 +515,7 @@ async fn lease(client: &Client, target: &Target, kubectl: &Kubectl) -> Outcome {
         Err(error) => {
             return Outcome::fail(
                 CHECK,
-                format!("cannot read {at}: {error}"),
+                format!("cannot read {at}: {}", reason(&error)),
                 "check --lease-namespace and the Lease rights above",
                 get,
             );
@@ -594,7 +599,10 @@ async fn candidates(client: &Client, target: &Target, kubectl: &Kubectl) -> Outc
         ),
         Err(error) => Outcome::fail(
             CHECK,
-            format!("cannot list LeaseCandidates in {namespace}: {error}"),
+            format!(
+                "cannot list LeaseCandidates in {namespace}: {}",
+                reason(&error)
+            ),
             "check the LeaseCandidate rights above",
             kubectl.can_i(
                 "list",
@@ -602,5 +610,14 @@ async fn candidates(client: &Client, target: &Target, kubectl: &Kubectl) -> Outc
                 Some(namespace),
             ),
         ),
+    }
+}
+
+/// The API server's own message for a refused request (kube's Display repeats the whole
+/// Status), the error otherwise.
+fn reason(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        error => error.to_string(),
     }
 }

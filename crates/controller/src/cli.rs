@@ -157,6 +157,8 @@ pub enum Source {
 /// The [`Source`] of each setting the tools can also read from an installed controller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sources {
+    /// `--kubeconfig` (env `KUBECONFIG`).
+    pub kubeconfig: Source,
     /// `--lease-name` (env `LEASE_NAME`).
     pub lease_name: Source,
     /// `--lease-namespace` (env `POD_NAMESPACE`).
@@ -202,7 +204,7 @@ pub enum Command {
 #[derive(Clone, Debug, clap::Args)]
 pub struct DiffArgs {
     /// Output format.
-    #[arg(long, value_enum, default_value_t = DiffOutput::Text)]
+    #[arg(short, long, value_enum, default_value_t = DiffOutput::Text)]
     pub output: DiffOutput,
 
     /// Only these Services: NAMESPACE/NAME, or NAME in the kubeconfig's namespace.
@@ -235,7 +237,7 @@ pub struct CheckArgs {
     pub as_groups: Vec<String>,
 
     /// Output format.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
 
@@ -318,6 +320,7 @@ impl Sources {
             _ => Source::Default,
         };
         Sources {
+            kubeconfig: source("kubeconfig"),
             lease_name: source("lease_name"),
             lease_namespace: source("lease_namespace"),
             max_endpoints_per_slice: source("max_endpoints_per_slice"),

@@ -138,13 +138,13 @@ impl ServiceDiff {
                 "+++ {namespace}/{name}… (create, {})",
                 create.address_type
             ));
-            lines.extend(create.change_lines());
+            lines.extend(create.change_lines(true));
         }
         for update in &self.updates {
             let name = update.name.as_deref().unwrap_or_default();
             lines.push(format!("--- {namespace}/{name} (live)"));
             lines.push(format!("+++ {namespace}/{name} (update)"));
-            lines.extend(update.change_lines());
+            lines.extend(update.change_lines(false));
         }
         for delete in &self.deletes {
             let name = delete.name.as_deref().unwrap_or_default();
@@ -153,7 +153,7 @@ impl ServiceDiff {
                 delete.address_type
             ));
             lines.push("+++ /dev/null (delete)".into());
-            lines.extend(delete.change_lines());
+            lines.extend(delete.change_lines(true));
         }
         lines
     }
@@ -188,10 +188,19 @@ impl SliceDiff {
         }
     }
 
-    /// `-`/`+` lines: the other fields, then ports, then endpoints.
-    fn change_lines(&self) -> Vec<String> {
+    /// `-`/`+` lines: the other fields, then ports, then endpoints. For a `whole` slice
+    /// created or deleted, the header already gives the address type, and the owner is the
+    /// Service: those two are left out (the JSON has them).
+    fn change_lines(&self, whole: bool) -> Vec<String> {
         let mut lines = Vec::new();
-        for change in &self.other {
+        let shown = |change: &&FieldChange| {
+            !whole
+                || !matches!(
+                    change.field.as_str(),
+                    "addressType" | "metadata.ownerReferences"
+                )
+        };
+        for change in self.other.iter().filter(shown) {
             if let Some(before) = &change.before {
                 lines.push(format!("-{}: {before}", change.field));
             }

@@ -86,8 +86,12 @@ pub async fn check(settings: &Settings, check: &CheckArgs) -> anyhow::Result<boo
         .as_user
         .clone()
         .map(|user| (user, check.as_groups.clone()));
+    // The operator's kubectl reads KUBECONFIG itself: only a --kubeconfig flag is repeated.
+    let kubeconfig = (settings.args.sources.kubeconfig == cli::Source::Flag)
+        .then_some(settings.args.kubeconfig.as_ref())
+        .flatten();
     let kubectl = check::Kubectl {
-        kubeconfig: (settings.args.kubeconfig.as_ref()).map(|path| path.display().to_string()),
+        kubeconfig: kubeconfig.map(|path| path.display().to_string()),
         context: settings.args.context.clone(),
         impersonate: impersonate.clone(),
     };
