@@ -3,9 +3,10 @@
 app.kubernetes.io/name: {{ .Release.Name }}
 {{- end }}
 
-{{/* The controller's Deployment and pods, whatever the release is named: `external-endpoints
-check` and `diff` find the installed controller by this label. Not in the selector, which a
-Deployment cannot change. */}}
+{{/* On the controller's Deployment, whatever the release is named: `external-endpoints check`
+and `diff` find the installed controller by this label. Not on the pods (the PodDisruptionBudget
+and the metrics Service select them by the labels above) nor in the selector, which a Deployment
+cannot change. */}}
 {{- define "external-endpoints.partOf" -}}
 app.kubernetes.io/part-of: external-endpoints
 {{- end }}

@@ -231,15 +231,12 @@ impl Target {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Where to read the replicas' logs: the Deployment found, or the pods of the namespace.
+    /// Where to read the replicas' logs: the Deployment found, or the pods of the Lease's
+    /// namespace.
     fn logs(&self, kubectl: &Kubectl) -> String {
         match &self.deployment {
             Some((namespace, name)) => kubectl.run(&format!("-n {namespace} logs deploy/{name}")),
-            None => kubectl.run(&format!(
-                "-n {} get pods -l {}",
-                self.namespace,
-                installed::LABEL
-            )),
+            None => kubectl.run(&format!("-n {} get pods", self.namespace)),
         }
     }
 }
