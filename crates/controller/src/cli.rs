@@ -351,7 +351,7 @@ impl Args {
             std::process::exit(if printed.is_ok() { 0 } else { 1 });
         }
         // The tools need no holder identity; the Lease flags are still checked.
-        let is_tool = matches!(args.command, Some(Command::Check(_) | Command::Diff(_)));
+        let is_tool = !args.runs_replica();
         let hostname = std::env::var("HOSTNAME")
             .ok()
             .or_else(|| is_tool.then(|| TOOL_IDENTITY.to_string()));

@@ -428,12 +428,12 @@ pub async fn run(
         })
         .collect();
     let scope: BTreeSet<&str> = wanted.iter().map(|(ns, _)| ns.as_str()).collect();
-    if let Some(watched) = &planner.watch_namespace {
-        if let Some(outside) = scope.iter().find(|ns| **ns != watched.as_str()) {
-            anyhow::bail!(
-                "the controller watches only namespace {watched} (--watch-namespace): it writes nothing in {outside}"
-            );
-        }
+    if let Some(watched) = &planner.watch_namespace
+        && let Some(outside) = scope.iter().find(|ns| **ns != watched.as_str())
+    {
+        anyhow::bail!(
+            "the controller watches only namespace {watched} (--watch-namespace): it writes nothing in {outside}"
+        );
     }
     // One namespace named by the filter: list only that one.
     let namespace = match (&planner.watch_namespace, scope.len()) {
