@@ -367,6 +367,13 @@ impl Args {
             .command()
             .try_get_matches_from(&invocation.argv)?;
         let mut args = Args::from_arg_matches(&matches)?;
+        if invocation.explicit_run && args.command.is_some() {
+            // `run check` would otherwise run the check: `run` was dropped before parsing.
+            return Err(invocation.command().error(
+                ErrorKind::ArgumentConflict,
+                "`run` starts a replica and takes no other subcommand",
+            ));
+        }
         args.sources = Sources::of(&matches);
         Ok(args)
     }
@@ -565,6 +572,11 @@ mod tests {
         assert!(matches!(args.command, Some(Command::Run)) && args.runs_replica());
         let check = invocation(&["external-endpoints", "check"]);
         assert!(!Args::parse_from_invocation(&check).unwrap().runs_replica());
+        let both = invocation(&["external-endpoints", "run", "check"]);
+        assert_eq!(
+            Args::parse_from_invocation(&both).unwrap_err().exit_code(),
+            2
+        );
     }
 
     #[test]
