@@ -151,10 +151,13 @@ pub async fn locate(own: &Client, settings: &Settings, kubectl: &Kubectl) -> (Ta
                 looked.push(detail);
                 return (target, Outcome::note(CHECK, looked.join("; ")));
             }
-            looked.push(format!(
-                "no Deployment labelled {} in any namespace",
-                installed::LABEL
-            ));
+            looked.push(match found.is_empty() {
+                true => format!(
+                    "no Deployment labelled {} in any namespace",
+                    installed::LABEL
+                ),
+                false => "no Deployment whose flags could be read".to_string(),
+            });
         }
         Err(SearchError::Forbidden(message)) => looked.push(format!(
             "the kubeconfig's user may not list Deployments in all namespaces ({message}; {})",
