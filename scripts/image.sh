@@ -6,6 +6,8 @@
 # holds the same files, user, entrypoint and labels as a `docker build` of the Dockerfile.
 #
 # usage: scripts/image.sh [TAG]      TAG defaults to the workspace version
+#        scripts/image.sh --print-ref  prints the image name and default tag and exits (the
+#                                      chart's default image must be this one: tests/chart.rs)
 #
 # Writes to IMAGE_OUT (default: target/image, ignored by git):
 #   oci/                         the image as an OCI image layout (one manifest, ref name TAG);
@@ -23,6 +25,10 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+if [[ ${1:-} == --print-ref ]]; then
+  echo "external-endpoints:$version"
+  exit 0
+fi
 tag=${1:-$version}
 out=${IMAGE_OUT:-$root/target/image}
 target=${CARGO_TARGET_DIR:-$root/target}

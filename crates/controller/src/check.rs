@@ -21,6 +21,9 @@ use kube::{
 };
 use serde::Serialize;
 
+mod locate;
+
+pub use self::locate::{Kubectl, Target, locate};
 use crate::cli::Settings;
 
 /// Oldest supported API server minor version: 1.33 is the first whose EndpointSlice API keeps
@@ -33,15 +36,22 @@ const WORKLOAD_API: &str = "workload.linkerd.io/v1beta1";
 /// One check's outcome.
 #[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
-    /// Short name, stable for scripts (`api-server`, `crd`, `rbac`, `lease`, `candidates`).
+    /// Short name, stable for scripts (`api-server`, `lease-namespace`, `crd`, `rbac`, `lease`,
+    /// `candidates`).
     pub check: &'static str,
-    /// Whether it passed.
+    /// Whether it passed (a note always does).
     pub ok: bool,
     /// What was found.
     pub detail: String,
     /// On failure, what to do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// On failure, a command the operator can run next (`kubectl ...`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Not a check: where `check` looked (for the Lease).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub note: bool,
 }
 
 /// Where a right is needed.
@@ -117,43 +127,72 @@ impl Outcome {
             ok: true,
             detail: detail.into(),
             fix: None,
+            command: None,
+            note: false,
         }
     }
 
-    fn fail(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    fn note(check: &'static str, detail: impl Into<String>) -> Self {
+        Outcome {
+            note: true,
+            ..Outcome::pass(check, detail)
+        }
+    }
+
+    fn fail(
+        check: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+        command: impl Into<String>,
+    ) -> Self {
         Outcome {
             check,
             ok: false,
             detail: detail.into(),
             fix: Some(fix.into()),
+            command: Some(command.into()),
+            note: false,
         }
     }
 
-    /// `PASS api-server: ...`, or `FAIL ...: ... -> fix`.
+    /// `PASS api-server: ...`, `NOTE lease-namespace: ...`, or `FAIL ...: ... -> fix: command`.
     pub fn line(&self) -> String {
-        match (&self.fix, self.ok) {
-            (Some(fix), false) => format!("FAIL {}: {} -> {fix}", self.check, self.detail),
+        match (&self.fix, &self.command, self.ok) {
+            (Some(fix), Some(command), false) => {
+                format!("FAIL {}: {} -> {fix}: {command}", self.check, self.detail)
+            }
+            (Some(fix), None, false) => format!("FAIL {}: {} -> {fix}", self.check, self.detail),
+            _ if self.note => format!("NOTE {}: {}", self.check, self.detail),
             _ => format!("PASS {}: {}", self.check, self.detail),
         }
     }
 }
 
-/// Runs every check in order; when the API server cannot be reached, only that one.
-pub async fn run(client: &Client, settings: &Settings) -> Vec<Outcome> {
-    let mut outcomes = vec![api_server(client).await];
+/// Runs every check in order; when the API server cannot be reached, only that one. `client`
+/// acts as the identity whose rights are checked (impersonated with `--as`); `own` is the
+/// caller's own identity, which looks for the installed controller.
+pub async fn run(
+    own: &Client,
+    client: &Client,
+    settings: &Settings,
+    kubectl: &Kubectl,
+) -> Vec<Outcome> {
+    let mut outcomes = vec![api_server(client, kubectl).await];
     if !outcomes[0].ok {
         return outcomes;
     }
-    outcomes.push(crd(client).await);
-    outcomes.extend(rbac(client, settings).await);
-    outcomes.push(lease(client, settings).await);
+    let (target, looked) = locate(own, settings, kubectl).await;
+    outcomes.push(looked);
+    outcomes.push(crd(client, kubectl).await);
+    outcomes.extend(rbac(client, &target, settings, kubectl).await);
+    outcomes.push(lease(client, &target, kubectl).await);
     if settings.coordinated.is_some() {
-        outcomes.push(candidates(client, settings).await);
+        outcomes.push(candidates(client, &target, kubectl).await);
     }
     outcomes
 }
 
-async fn api_server(client: &Client) -> Outcome {
+async fn api_server(client: &Client, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "api-server";
     let info = match client.apiserver_version().await {
         Ok(info) => info,
@@ -162,6 +201,7 @@ async fn api_server(client: &Client) -> Outcome {
                 CHECK,
                 format!("cannot reach the API server: {error}"),
                 "check --kubeconfig/--context and that the server is up",
+                kubectl.run("cluster-info"),
             );
         }
     };
@@ -175,13 +215,15 @@ async fn api_server(client: &Client) -> Outcome {
             CHECK,
             format!("version {version} is not supported"),
             format!("upgrade the API server to 1.{MIN_MINOR} or newer"),
+            kubectl.run("version"),
         ),
     }
 }
 
-async fn crd(client: &Client) -> Outcome {
+async fn crd(client: &Client, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "crd";
-    let fix = "install the ExternalWorkload CRD (deploy/crds/externalworkloads.yaml or Linkerd's)";
+    let fix = "install the ExternalWorkload CRD (ours, or Linkerd's)";
+    let install = kubectl.run("apply -f deploy/crds/externalworkloads.yaml");
     match client.list_api_group_resources(WORKLOAD_API).await {
         Ok(list) if list.resources.iter().any(|r| r.name == "externalworkloads") => {
             Outcome::pass(CHECK, format!("externalworkloads served at {WORKLOAD_API}"))
@@ -190,22 +232,31 @@ async fn crd(client: &Client) -> Outcome {
             CHECK,
             format!("{WORKLOAD_API} does not serve externalworkloads"),
             fix,
+            install,
         ),
         Err(kube::Error::Api(status)) if status.code == 404 => {
-            Outcome::fail(CHECK, format!("{WORKLOAD_API} is not served"), fix)
+            Outcome::fail(CHECK, format!("{WORKLOAD_API} is not served"), fix, install)
         }
         Err(error) => Outcome::fail(
             CHECK,
-            format!("cannot read discovery for {WORKLOAD_API}: {error}"),
+            format!(
+                "cannot read discovery for {WORKLOAD_API}: {}",
+                reason(&error)
+            ),
             "check that this identity may read API discovery",
+            kubectl.run("api-resources --api-group=workload.linkerd.io"),
         ),
     }
 }
 
 /// One outcome per resource: which verbs are missing, and where.
-async fn rbac(client: &Client, settings: &Settings) -> Vec<Outcome> {
+async fn rbac(
+    client: &Client,
+    target: &Target,
+    settings: &Settings,
+    kubectl: &Kubectl,
+) -> Vec<Outcome> {
     const CHECK: &str = "rbac";
-    let lease_namespace = settings.lease.namespace();
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut outcomes = Vec::new();
     for need in NEEDS {
@@ -214,7 +265,7 @@ async fn rbac(client: &Client, settings: &Settings) -> Vec<Outcome> {
         }
         let namespace = match need.scope {
             Scope::Cluster => None,
-            Scope::LeaseNamespace => Some(lease_namespace.to_string()),
+            Scope::LeaseNamespace => Some(target.namespace.clone()),
         };
         let place = namespace
             .as_deref()
@@ -242,45 +293,63 @@ async fn rbac(client: &Client, settings: &Settings) -> Vec<Outcome> {
             };
             match api.create(&PostParams::default(), &review).await {
                 Ok(result) if result.status.as_ref().is_some_and(|s| s.allowed) => {}
-                Ok(_) => missing.push((*verb).to_string()),
-                Err(error) => missing.push(format!("{verb} (review failed: {error})")),
+                Ok(_) => missing.push(((*verb).to_string(), *verb)),
+                Err(error) => {
+                    missing.push((format!("{verb} (review failed: {})", reason(&error)), *verb))
+                }
             }
         }
-        outcomes.push(if missing.is_empty() {
-            Outcome::pass(
+        outcomes.push(match missing.first() {
+            None => Outcome::pass(
                 CHECK,
                 format!("{resource} {place}: {}", need.verbs.join(", ")),
-            )
-        } else {
-            Outcome::fail(
-                CHECK,
-                format!("{resource} {place}: missing {}", missing.join(", ")),
-                "grant them as deploy/rbac.yaml does (ClusterRole, Role in the Lease namespace)",
-            )
+            ),
+            Some((_, verb)) => {
+                let names: Vec<&str> = missing.iter().map(|(text, _)| text.as_str()).collect();
+                Outcome::fail(
+                    CHECK,
+                    format!("{resource} {place}: missing {}", names.join(", ")),
+                    "grant them as deploy/rbac.yaml does (ClusterRole, Role in the Lease namespace), then confirm",
+                    kubectl.can_i(verb, &resource, namespace.as_deref()),
+                )
+            }
         });
     }
     outcomes
 }
 
-async fn lease(client: &Client, settings: &Settings) -> Outcome {
+async fn lease(client: &Client, target: &Target, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "lease";
-    let (namespace, name) = (settings.lease.namespace(), settings.lease.name());
-    let at = format!("{namespace}/{name}");
+    let (namespace, name) = (target.namespace.as_str(), target.name.as_str());
+    let at = target.at();
+    let get = kubectl.run(&format!("-n {namespace} get lease {name} -o yaml"));
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let lease = match api.get_opt(name).await {
         Ok(Some(lease)) => lease,
+        Ok(None) if target.deployment.is_some() => {
+            return Outcome::fail(
+                CHECK,
+                format!("{at} does not exist"),
+                "the controller's first replica creates it: see why none did",
+                target.logs(kubectl),
+            );
+        }
         Ok(None) => {
             return Outcome::fail(
                 CHECK,
                 format!("{at} does not exist"),
-                "start the controller: its first replica creates the Lease (check --lease-name/--lease-namespace)",
+                "start the controller (its first replica creates the Lease), or find the Lease and pass --lease-namespace",
+                kubectl.run(&format!(
+                    "get leases --all-namespaces --field-selector metadata.name={name}"
+                )),
             );
         }
         Err(error) => {
             return Outcome::fail(
                 CHECK,
-                format!("cannot read {at}: {error}"),
+                format!("cannot read {at}: {}", reason(&error)),
                 "check --lease-namespace and the Lease rights above",
+                get,
             );
         }
     };
@@ -291,6 +360,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
             CHECK,
             format!("{at} has no holder ({transitions} transitions)"),
             "no replica is leading: check that the controller's pods are running and ready",
+            target.logs(kubectl),
         );
     };
     let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
@@ -299,6 +369,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
             CHECK,
             format!("{at} held by {holder} without a renew time"),
             "a replica writes it at its next renewal; if it stays so, delete the Lease",
+            kubectl.run(&format!("-n {namespace} delete lease {name}")),
         );
     };
     let age = Timestamp::now()
@@ -317,6 +388,7 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
                 format(age - duration),
             ),
             "the holder stopped renewing and no standby took over: check the controller's pods and their logs",
+            target.logs(kubectl),
         )
     } else {
         Outcome::pass(
@@ -330,9 +402,9 @@ async fn lease(client: &Client, settings: &Settings) -> Outcome {
     }
 }
 
-async fn candidates(client: &Client, settings: &Settings) -> Outcome {
+async fn candidates(client: &Client, target: &Target, kubectl: &Kubectl) -> Outcome {
     const CHECK: &str = "candidates";
-    let (namespace, name) = (settings.lease.namespace(), settings.lease.name());
+    let (namespace, name) = (target.namespace.as_str(), target.name.as_str());
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), namespace);
     match api.list(&ListParams::default()).await {
         Ok(list) => {
@@ -345,6 +417,7 @@ async fn candidates(client: &Client, settings: &Settings) -> Outcome {
                     CHECK,
                     format!("no LeaseCandidate for {namespace}/{name}"),
                     "start the controller with --coordinated-election",
+                    target.logs(kubectl),
                 )
             } else {
                 Outcome::pass(CHECK, format!("{}: {}", names.len(), names.join(", ")))
@@ -354,11 +427,29 @@ async fn candidates(client: &Client, settings: &Settings) -> Outcome {
             CHECK,
             "coordination.k8s.io/v1beta1 LeaseCandidate is not served",
             "enable the API server's CoordinatedLeaderElection feature gate and coordination.k8s.io/v1beta1, or drop --coordinated-election",
+            kubectl.run("api-resources --api-group=coordination.k8s.io"),
         ),
         Err(error) => Outcome::fail(
             CHECK,
-            format!("cannot list LeaseCandidates in {namespace}: {error}"),
+            format!(
+                "cannot list LeaseCandidates in {namespace}: {}",
+                reason(&error)
+            ),
             "check the LeaseCandidate rights above",
+            kubectl.can_i(
+                "list",
+                "leasecandidates.coordination.k8s.io",
+                Some(namespace),
+            ),
         ),
+    }
+}
+
+/// The API server's own message for a refused request (kube's Display repeats the whole
+/// Status), the error otherwise.
+fn reason(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        error => error.to_string(),
     }
 }

@@ -3,9 +3,12 @@
 //! Invalid values are rejected here, before anything touches the cluster, with a one-line
 //! message and exit code 2 (clap's usage-error code).
 
-use std::{net::SocketAddr, num::NonZeroU16, path::PathBuf, time::Duration};
+use std::{ffi::OsString, net::SocketAddr, num::NonZeroU16, path::PathBuf, time::Duration};
 
-use clap::{Parser, ValueEnum, error::ErrorKind};
+use clap::{
+    ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum, error::ErrorKind,
+    parser::ValueSource,
+};
 use leadership::{
     CandidateConfig, CandidateError, LeaseConfig, LeaseConfigError, LeaseTimings, RuntimeConfig,
 };
@@ -43,7 +46,8 @@ pub struct Args {
     )]
     pub lease_name: String,
 
-    /// Namespace of the Lease (normally the controller's own namespace).
+    /// Namespace of the Lease (normally the controller's own namespace). `check` without it
+    /// (or POD_NAMESPACE) looks at the installed controller's Deployment, then the kubeconfig.
     #[arg(global = true, long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
 
@@ -127,9 +131,58 @@ pub struct Args {
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
-    /// A tool to run instead of the controller; without one, the controller runs.
+    /// A tool to run instead of the controller; without one, the controller runs (except as
+    /// the kubectl plugin, where no subcommand prints this help).
     #[command(subcommand)]
     pub command: Option<Command>,
+
+    /// Where the settings the tools may look up elsewhere came from (not a flag).
+    #[arg(skip)]
+    pub sources: Sources,
+}
+
+/// Where a setting's value came from. The tools look further (the installed Deployment, the
+/// kubeconfig) only for a setting the operator did not give.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// The flag's default: not given.
+    #[default]
+    Default,
+    /// Its environment variable.
+    Env,
+    /// The flag on the command line.
+    Flag,
+}
+
+/// The [`Source`] of each setting the tools can also read from an installed controller.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sources {
+    /// `--kubeconfig` (env `KUBECONFIG`).
+    pub kubeconfig: Source,
+    /// `--lease-name` (env `LEASE_NAME`).
+    pub lease_name: Source,
+    /// `--lease-namespace` (env `POD_NAMESPACE`).
+    pub lease_namespace: Source,
+    /// `--max-endpoints-per-slice`.
+    pub max_endpoints_per_slice: Source,
+    /// `--managed-by`.
+    pub managed_by: Source,
+    /// `--slice-prefix`.
+    pub slice_prefix: Source,
+    /// `--watch-namespace` (env `WATCH_NAMESPACE`).
+    pub watch_namespace: Source,
+}
+
+/// How the binary was invoked: by its own name, or by kubectl as the plugin
+/// [`PLUGIN_NAME`].
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    /// The arguments clap parses (a leading `run` removed: see [`Invocation::of`]).
+    pub argv: Vec<OsString>,
+    /// Invoked as `kubectl-external_endpoints`.
+    pub as_plugin: bool,
+    /// The first argument was `run`.
+    pub explicit_run: bool,
 }
 
 /// The operator's tools; they read the cluster and write nothing.
@@ -141,20 +194,29 @@ pub enum Command {
     /// Shows what the controller would write now, per Service, without writing; exit code 0
     /// when nothing would change, 1 when something would, 2 on error (as `kubectl diff`).
     Diff(DiffArgs),
+    /// Starts a controller replica: what the binary does without a subcommand, and the only way
+    /// to start one as the kubectl plugin. The replica's flags go before or right after `run`.
+    Run,
 }
 
-/// Flags of `diff` (the planner's flags and --watch-namespace are the controller's own).
+/// Flags of `diff` (the planner's flags and --watch-namespace are the controller's own; those
+/// not given are read from the installed controller's Deployment when one is found).
 #[derive(Clone, Debug, clap::Args)]
 pub struct DiffArgs {
     /// Output format.
-    #[arg(long, value_enum, default_value_t = DiffOutput::Text)]
+    #[arg(short, long, value_enum, default_value_t = DiffOutput::Text)]
     pub output: DiffOutput,
+
+    /// Only these Services: NAMESPACE/NAME, or NAME in the kubeconfig's namespace.
+    #[arg(value_name = "SERVICE")]
+    pub services: Vec<String>,
 }
 
 /// How `diff` prints the planned writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DiffOutput {
-    /// Per Service a summary line, then one line per write.
+    /// Per Service a summary line, then per slice its changes as `-`/`+` lines (as `kubectl
+    /// diff`).
     Text,
     /// One line per Service.
     Summary,
@@ -175,7 +237,7 @@ pub struct CheckArgs {
     pub as_groups: Vec<String>,
 
     /// Output format.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
 
@@ -213,23 +275,120 @@ pub struct Settings {
     pub coordinated: Option<CandidateConfig>,
 }
 
+/// The executable name kubectl looks for on the PATH to run `kubectl external-endpoints`.
+pub const PLUGIN_NAME: &str = "kubectl-external_endpoints";
+
+// === impl Invocation ===
+
+impl Invocation {
+    /// `argv` as the process received it. A leading `run` is removed, so the replica's flags
+    /// (defined on the top-level command) may follow it; position 1 can hold nothing else, as
+    /// the top-level command takes no positional argument.
+    pub fn of(mut argv: Vec<OsString>) -> Self {
+        let as_plugin = argv
+            .first()
+            .and_then(|arg0| std::path::Path::new(arg0).file_name())
+            .is_some_and(|name| name == PLUGIN_NAME);
+        let explicit_run = argv.get(1).is_some_and(|arg| arg == "run");
+        if explicit_run {
+            argv.remove(1);
+        }
+        Invocation {
+            argv,
+            as_plugin,
+            explicit_run,
+        }
+    }
+
+    /// The command line, named as the operator typed it.
+    pub fn command(&self) -> clap::Command {
+        let command = Args::command();
+        match self.as_plugin {
+            true => command.bin_name("kubectl external-endpoints"),
+            false => command,
+        }
+    }
+}
+
+// === impl Sources ===
+
+impl Sources {
+    fn of(matches: &ArgMatches) -> Self {
+        let source = |id: &str| match matches.value_source(id) {
+            Some(ValueSource::CommandLine) => Source::Flag,
+            Some(ValueSource::EnvVariable) => Source::Env,
+            _ => Source::Default,
+        };
+        Sources {
+            kubeconfig: source("kubeconfig"),
+            lease_name: source("lease_name"),
+            lease_namespace: source("lease_namespace"),
+            max_endpoints_per_slice: source("max_endpoints_per_slice"),
+            managed_by: source("managed_by"),
+            slice_prefix: source("slice_prefix"),
+            watch_namespace: source("watch_namespace"),
+        }
+    }
+}
+
 // === impl Args ===
 
 impl Args {
     /// Parses the process arguments; exits with code 2 and a one-line message on invalid input.
+    /// As the kubectl plugin without a subcommand, prints the help and exits 0 instead of
+    /// starting a replica with the operator's credentials (exit 0 and help on stdout: what
+    /// kubectl itself and cobra-built plugins do when given no command, and what clap does for
+    /// `--help`).
     pub fn parse_and_validate() -> Settings {
-        let args = Args::parse();
+        let invocation = Invocation::of(std::env::args_os().collect());
+        let mut command = invocation.command();
+        let args = match Args::parse_from_invocation(&invocation) {
+            Ok(args) => args,
+            Err(error) => error.exit(),
+        };
+        if args.command.is_none() && invocation.as_plugin && !invocation.explicit_run {
+            let printed = command.print_long_help();
+            std::process::exit(if printed.is_ok() { 0 } else { 1 });
+        }
         // The tools need no holder identity; the Lease flags are still checked.
+        let is_tool = !args.runs_replica();
         let hostname = std::env::var("HOSTNAME")
             .ok()
-            .or_else(|| args.command.as_ref().map(|_| TOOL_IDENTITY.to_string()));
+            .or_else(|| is_tool.then(|| TOOL_IDENTITY.to_string()));
         match args.validate(hostname) {
             Ok(settings) => settings,
-            Err(message) => {
-                let mut cmd = <Args as clap::CommandFactory>::command();
-                cmd.error(ErrorKind::ValueValidation, message).exit()
-            }
+            Err(message) => command.error(ErrorKind::ValueValidation, message).exit(),
         }
+    }
+
+    /// Parses `invocation`'s arguments, recording where each setting came from.
+    pub fn parse_from_invocation(invocation: &Invocation) -> Result<Args, clap::Error> {
+        let matches = invocation
+            .command()
+            .try_get_matches_from(&invocation.argv)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        if invocation.explicit_run && args.command.is_some() {
+            // `run check` would otherwise run the check: `run` was dropped before parsing.
+            return Err(invocation.command().error(
+                ErrorKind::ArgumentConflict,
+                "`run` starts a replica and takes no other subcommand",
+            ));
+        }
+        args.sources = Sources::of(&matches);
+        Ok(args)
+    }
+
+    /// The command line without its environment fallbacks, the last of a repeated flag
+    /// winning: for reading the settings of a container (see `installed`), not of this process.
+    pub fn command_without_env() -> clap::Command {
+        Args::command()
+            .mut_args(|arg| arg.env(None::<&'static str>))
+            .args_override_self(true)
+    }
+
+    /// Whether this invocation starts a replica (no subcommand, or `run`).
+    pub fn runs_replica(&self) -> bool {
+        matches!(self.command, None | Some(Command::Run))
     }
 
     /// Builds the lease and planner configurations, whose constructors check every rule, and
@@ -382,6 +541,61 @@ mod tests {
         let mut argv = vec!["external-endpoints"];
         argv.extend_from_slice(extra);
         Args::try_parse_from(argv)
+    }
+
+    fn invocation(argv: &[&str]) -> Invocation {
+        Invocation::of(argv.iter().map(Into::into).collect())
+    }
+
+    #[test]
+    fn the_plugin_is_recognised_by_its_executable_name_only() {
+        let plugin = invocation(&["/home/me/.krew/bin/kubectl-external_endpoints"]);
+        assert!(plugin.as_plugin && !plugin.explicit_run);
+        assert!(!invocation(&["/usr/local/bin/external-endpoints"]).as_plugin);
+        assert!(!invocation(&["kubectl-external_endpoints-old"]).as_plugin);
+        let help = plugin.command().render_usage().to_string();
+        assert!(
+            help.starts_with("Usage: kubectl external-endpoints"),
+            "{help}"
+        );
+    }
+
+    #[test]
+    fn run_is_dropped_so_the_replica_flags_may_follow_it() {
+        let run = invocation(&["external-endpoints", "run", "--identity", "a"]);
+        assert!(run.explicit_run);
+        let args = Args::parse_from_invocation(&run).unwrap();
+        assert!(args.command.is_none() && args.runs_replica());
+        assert_eq!(args.identity.as_deref(), Some("a"));
+        let after_flags = invocation(&["external-endpoints", "--identity", "a", "run"]);
+        let args = Args::parse_from_invocation(&after_flags).unwrap();
+        assert!(matches!(args.command, Some(Command::Run)) && args.runs_replica());
+        let check = invocation(&["external-endpoints", "check"]);
+        assert!(!Args::parse_from_invocation(&check).unwrap().runs_replica());
+        let both = invocation(&["external-endpoints", "run", "check"]);
+        assert_eq!(
+            Args::parse_from_invocation(&both).unwrap_err().exit_code(),
+            2
+        );
+    }
+
+    #[test]
+    fn sources_tell_a_flag_from_a_default() {
+        let given = invocation(&[
+            "external-endpoints",
+            "diff",
+            "--managed-by",
+            "me",
+            "--lease-namespace",
+            "ns",
+        ]);
+        let sources = Args::parse_from_invocation(&given).unwrap().sources;
+        assert_eq!(sources.managed_by, Source::Flag);
+        assert_eq!(sources.lease_namespace, Source::Flag);
+        assert_eq!(sources.slice_prefix, Source::Default);
+        assert_eq!(sources.max_endpoints_per_slice, Source::Default);
+        let args = Args::parse_from_invocation(&invocation(&["external-endpoints"])).unwrap();
+        assert_eq!(args.sources.managed_by, Source::Default);
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! `external-endpoints diff`: what the controller would write now, without writing.
 //!
 //! One LIST of each kind (each a consistent read), the planner of a replica that just took the
-//! Lease ([`cluster::plan_all`]) with the controller's own settings, and per Service the slices
-//! it would create, update (with the fields that change) or delete. Only reads.
+//! Lease ([`cluster::plan_all`]) with the settings of the installed controller (its Deployment's
+//! flags, for those the operator did not give), and per Service the slices it would create,
+//! update or delete, with their content (`diff/content.rs`): endpoints and ports added, removed or
+//! changed, and the other fields that change. Only reads.
 
-use std::collections::BTreeMap;
+mod content;
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context as _;
 use api::v1beta1::ExternalWorkload;
@@ -17,95 +21,57 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{Api, Client, ResourceExt, api::ListParams};
-use serde::Serialize;
-use serde_json::Value;
-use slices::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL};
+use slices::MANAGED_BY_LABEL;
 
-use crate::cli::Settings;
+pub use self::content::{
+    Change, Changes, FieldChange, ServiceDiff, SliceDiff, describe_endpoint, describe_port,
+};
+use crate::{
+    cli::{Settings, Source},
+    installed::{self, SearchError},
+};
 
-/// The writes planned for one Service.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ServiceDiff {
-    /// `namespace/name` of the Service.
-    pub service: String,
-    /// Slices that would be created: their `generateName` and number of endpoints.
-    pub creates: Vec<Created>,
-    /// Slices that would be replaced, with the fields that change.
-    pub updates: Vec<Updated>,
-    /// Names of the slices that would be deleted.
-    pub deletes: Vec<String>,
+/// The planner's settings and where they came from.
+struct Planner {
+    config: slices::Config,
+    watch_namespace: Option<String>,
+    /// The Deployment whose flags were used, and how it was (or was not) found.
+    note: Option<String>,
 }
 
-/// A slice that would be created.
-#[derive(Clone, Debug, Serialize)]
-pub struct Created {
-    /// Its `generateName`.
-    pub generate_name: String,
-    /// Its address type.
-    pub address_type: String,
-    /// Number of endpoints in it.
-    pub endpoints: usize,
-}
-
-/// A slice that would be replaced.
-#[derive(Clone, Debug, Serialize)]
-pub struct Updated {
-    /// Its name.
-    pub name: String,
-    /// The fields whose value changes (`endpoints`, `ports`, `metadata.labels`, ...).
-    pub fields: Vec<String>,
-}
-
-/// The fields compared for an update, as JSON pointers into an EndpointSlice.
-const FIELDS: &[(&str, &str)] = &[
-    ("addressType", "/addressType"),
-    ("endpoints", "/endpoints"),
-    ("ports", "/ports"),
-    ("metadata.labels", "/metadata/labels"),
-    ("metadata.annotations", "/metadata/annotations"),
-    ("metadata.ownerReferences", "/metadata/ownerReferences"),
-];
-
-// === impl ServiceDiff ===
-
-impl ServiceDiff {
-    /// `namespace/name: 1 create, 2 updates, 0 deletes`.
-    pub fn summary(&self) -> String {
-        format!(
-            "{}: {} create(s), {} update(s), {} delete(s)",
-            self.service,
-            self.creates.len(),
-            self.updates.len(),
-            self.deletes.len()
-        )
+/// Lists each kind once and plans every Service (or those `filter` names, `namespace/name` or
+/// a name in the kubeconfig's namespace); the Services with something to write. Notes (the
+/// flags planned with) go to stderr, so stdout holds only the diff.
+pub async fn run(
+    client: &Client,
+    settings: &Settings,
+    filter: &[String],
+) -> anyhow::Result<Vec<ServiceDiff>> {
+    let planner = planner(client, settings).await?;
+    if let Some(note) = &planner.note {
+        eprintln!("{note}");
     }
-
-    /// The summary, then one indented line per write.
-    pub fn lines(&self) -> Vec<String> {
-        let mut lines = vec![self.summary()];
-        for create in &self.creates {
-            lines.push(format!(
-                "  + create {}… ({}, {} endpoints)",
-                create.generate_name, create.address_type, create.endpoints
-            ));
-        }
-        for update in &self.updates {
-            lines.push(format!(
-                "  ~ update {}: {}",
-                update.name,
-                update.fields.join(", ")
-            ));
-        }
-        for delete in &self.deletes {
-            lines.push(format!("  - delete {delete}"));
-        }
-        lines
+    let wanted: BTreeSet<(String, String)> = (filter.iter())
+        .map(|service| match service.split_once('/') {
+            Some((namespace, name)) => (namespace.to_string(), name.to_string()),
+            None => (client.default_namespace().to_string(), service.clone()),
+        })
+        .collect();
+    let scope: BTreeSet<&str> = wanted.iter().map(|(ns, _)| ns.as_str()).collect();
+    if let Some(watched) = &planner.watch_namespace
+        && let Some(outside) = scope.iter().find(|ns| **ns != watched.as_str())
+    {
+        anyhow::bail!(
+            "the controller watches only namespace {watched} (--watch-namespace): it writes nothing in {outside}"
+        );
     }
-}
-
-/// Lists each kind once and plans every Service; the Services with something to write.
-pub async fn run(client: &Client, settings: &Settings) -> anyhow::Result<Vec<ServiceDiff>> {
-    let namespace = settings.args.watch_namespace.as_deref();
+    // One namespace named by the filter: list only that one.
+    let namespace = match (&planner.watch_namespace, scope.len()) {
+        (Some(watched), _) => Some(watched.clone()),
+        (None, 1) => scope.first().map(|ns| ns.to_string()),
+        _ => None,
+    };
+    let namespace = namespace.as_deref();
     if let Some(namespace) = namespace {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let found = (namespaces.get_opt(namespace).await)
@@ -116,30 +82,145 @@ pub async fn run(client: &Client, settings: &Settings) -> anyhow::Result<Vec<Ser
         );
     }
     let services: Vec<Service> = list(client, namespace, None).await?;
+    let known: BTreeSet<(String, String)> = (services.iter())
+        .map(|s| (s.namespace().unwrap_or_default(), s.name_any()))
+        .collect();
+    if let Some((namespace, name)) = wanted.difference(&known).next() {
+        anyhow::bail!("Service {namespace}/{name} not found");
+    }
     let workloads: Vec<ExternalWorkload> = list(client, namespace, None).await?;
-    let selector = format!("{MANAGED_BY_LABEL}={}", settings.slices.managed_by());
+    let selector = format!("{MANAGED_BY_LABEL}={}", planner.config.managed_by());
     let slices: Vec<EndpointSlice> = list(client, namespace, Some(&selector)).await?;
 
     let now = Time(Timestamp::now());
-    let plans = cluster::plan_all(&services, &workloads, &slices, &settings.slices, &now);
+    let plans = cluster::plan_all(&services, &workloads, &slices, &planner.config, &now);
     let current: BTreeMap<(String, String), &EndpointSlice> = (slices.iter())
         .map(|s| ((s.namespace().unwrap_or_default(), s.name_any()), s))
         .collect();
-    let diffs = plans
-        .into_iter()
+    let live = |namespace: &str, slice: &EndpointSlice| {
+        current
+            .get(&(namespace.to_string(), slice.name_any()))
+            .copied()
+    };
+    let diffs = (plans.into_iter())
+        .filter(|(key, _)| {
+            wanted.is_empty() || wanted.contains(&(key.namespace.clone(), key.name.clone()))
+        })
         .map(|(key, plan)| ServiceDiff {
             service: format!("{}/{}", key.namespace, key.name),
-            creates: (plan.creates.iter()).map(created).collect(),
-            updates: (plan.updates.iter())
-                .map(|slice| {
-                    let at = (key.namespace.clone(), slice.name_any());
-                    updated(current.get(&at).copied(), slice)
-                })
+            creates: (plan.creates.iter())
+                .map(|slice| SliceDiff::between(None, Some(slice)))
                 .collect(),
-            deletes: plan.deletes.iter().map(ResourceExt::name_any).collect(),
+            updates: (plan.updates.iter())
+                .map(|slice| SliceDiff::between(live(&key.namespace, slice), Some(slice)))
+                .collect(),
+            deletes: (plan.deletes.iter())
+                .map(|slice| SliceDiff::between(live(&key.namespace, slice).or(Some(slice)), None))
+                .collect(),
         })
         .collect();
     Ok(diffs)
+}
+
+/// The planner's settings: each flag the operator gave, else the installed controller's (when
+/// every controller Deployment found agrees), else the default.
+async fn planner(client: &Client, settings: &Settings) -> anyhow::Result<Planner> {
+    let args = &settings.args;
+    let sources = args.sources;
+    let given = Planner {
+        config: settings.slices.clone(),
+        watch_namespace: args.watch_namespace.clone(),
+        note: None,
+    };
+    let all_given = [
+        sources.max_endpoints_per_slice,
+        sources.managed_by,
+        sources.slice_prefix,
+        sources.watch_namespace,
+    ]
+    .iter()
+    .all(|source| *source != Source::Default);
+    if all_given {
+        return Ok(given);
+    }
+    let found = match installed::find(client).await {
+        Ok(found) => found,
+        Err(error @ SearchError::Forbidden(_)) => {
+            return Ok(Planner {
+                note: Some(format!(
+                    "note: cannot look for the installed controller ({error}); planning with the flags given and the defaults"
+                )),
+                ..given
+            });
+        }
+        Err(SearchError::Failed(error)) => {
+            return Err(error).context("listing the controller's Deployments");
+        }
+    };
+    let mut plans: BTreeMap<(usize, String, String, Option<String>), Vec<String>> = BTreeMap::new();
+    for installed in &found {
+        let theirs = installed.args.as_ref().map_err(|error| {
+            anyhow::anyhow!(
+                "cannot read the flags of Deployment {}: {error}",
+                installed.key()
+            )
+        })?;
+        let pick = |source: Source, ours: String, theirs: String| match source {
+            Source::Default => theirs,
+            _ => ours,
+        };
+        let key = (
+            match sources.max_endpoints_per_slice {
+                Source::Default => theirs.max_endpoints_per_slice,
+                _ => args.max_endpoints_per_slice,
+            },
+            pick(
+                sources.managed_by,
+                args.managed_by.clone(),
+                theirs.managed_by.clone(),
+            ),
+            pick(
+                sources.slice_prefix,
+                args.slice_prefix.clone(),
+                theirs.slice_prefix.clone(),
+            ),
+            match sources.watch_namespace {
+                Source::Default => theirs.watch_namespace.clone(),
+                _ => args.watch_namespace.clone(),
+            },
+        );
+        plans.entry(key).or_default().push(installed.key());
+    }
+    let mut plans = plans.into_iter();
+    let (Some(((max, managed_by, prefix, watch_namespace), deployments)), None) =
+        (plans.next(), plans.next())
+    else {
+        return match found.is_empty() {
+            // Nothing installed: the flags given and the defaults, silently (as before).
+            true => Ok(given),
+            false => {
+                let all: Vec<String> = found.iter().map(installed::Installed::key).collect();
+                anyhow::bail!(
+                    "the installed controllers ({}) plan with different flags: give --max-endpoints-per-slice, --managed-by, --slice-prefix and --watch-namespace",
+                    all.join(", ")
+                )
+            }
+        };
+    };
+    let config = slices::Config::new(max, managed_by.clone(), prefix.clone())
+        .map_err(|error| anyhow::anyhow!("the flags of {}: {error}", deployments.join(", ")))?;
+    let note = format!(
+        "note: planning with the flags of Deployment {}: --max-endpoints-per-slice={max} --managed-by={managed_by} --slice-prefix={prefix}{}",
+        deployments.join(", "),
+        watch_namespace
+            .as_ref()
+            .map_or(String::new(), |ns| format!(" --watch-namespace={ns}"))
+    );
+    Ok(Planner {
+        config,
+        watch_namespace,
+        note: Some(note),
+    })
 }
 
 /// One LIST of `K` (a consistent read: no resourceVersion, no paging).
@@ -169,49 +250,4 @@ where
         .await
         .with_context(|| format!("listing {kind}s"))?;
     Ok(list.items)
-}
-
-fn created(slice: &EndpointSlice) -> Created {
-    Created {
-        generate_name: slice.metadata.generate_name.clone().unwrap_or_default(),
-        address_type: slice.address_type.clone(),
-        endpoints: slice.endpoints.as_ref().map_or(0, Vec::len),
-    }
-}
-
-/// The fields of `planned` that differ from the slice as listed (the trigger-time annotation,
-/// which every write sets, aside).
-fn updated(current: Option<&EndpointSlice>, planned: &EndpointSlice) -> Updated {
-    let name = planned.name_any();
-    let Some(current) = current else {
-        return Updated {
-            name,
-            fields: vec!["(not in the list)".into()],
-        };
-    };
-    let comparable = |slice: &EndpointSlice| {
-        let mut value = serde_json::to_value(slice).unwrap_or(Value::Null);
-        if let Some(annotations) = value
-            .pointer_mut("/metadata/annotations")
-            .and_then(Value::as_object_mut)
-        {
-            annotations.remove(LAST_CHANGE_TRIGGER_TIME_ANNOTATION);
-            if annotations.is_empty() {
-                value["metadata"]
-                    .as_object_mut()
-                    .map(|m| m.remove("annotations"));
-            }
-        }
-        value
-    };
-    let (before, after) = (comparable(current), comparable(planned));
-    let mut fields: Vec<String> = FIELDS
-        .iter()
-        .filter(|(_, pointer)| before.pointer(pointer) != after.pointer(pointer))
-        .map(|(field, _)| (*field).to_string())
-        .collect();
-    if fields.is_empty() {
-        fields.push("(no compared field: only server-kept fields differ)".into());
-    }
-    Updated { name, fields }
 }

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod check;
 pub mod cli;
 pub mod diff;
+pub mod installed;
 pub mod logging;
 pub mod process;
 
@@ -84,8 +85,22 @@ pub async fn check(settings: &Settings, check: &CheckArgs) -> anyhow::Result<boo
         .as_user
         .clone()
         .map(|user| (user, check.as_groups.clone()));
-    let client = client(settings, impersonate).await?;
-    let outcomes = check::run(&client, settings).await;
+    // The operator's kubectl reads KUBECONFIG itself: only a --kubeconfig flag is repeated.
+    let kubeconfig = (settings.args.sources.kubeconfig == cli::Source::Flag)
+        .then_some(settings.args.kubeconfig.as_ref())
+        .flatten();
+    let kubectl = check::Kubectl {
+        kubeconfig: kubeconfig.map(|path| path.display().to_string()),
+        context: settings.args.context.clone(),
+        impersonate: impersonate.clone(),
+    };
+    // The installed controller is looked for as the caller, not as the identity checked.
+    let own = client(settings, None).await?;
+    let client = match impersonate {
+        Some(_) => client(settings, impersonate).await?,
+        None => own.clone(),
+    };
+    let outcomes = check::run(&own, &client, settings, &kubectl).await;
     match check.output {
         Output::Text => outcomes.iter().for_each(|o| println!("{}", o.line())),
         Output::Json => println!("{}", serde_json::to_string_pretty(&outcomes)?),
@@ -97,7 +112,7 @@ pub async fn check(settings: &Settings, check: &CheckArgs) -> anyhow::Result<boo
 /// there are none.
 pub async fn diff(settings: &Settings, diff: &DiffArgs) -> anyhow::Result<bool> {
     let client = client(settings, None).await?;
-    let diffs = diff::run(&client, settings).await?;
+    let diffs = diff::run(&client, settings, &diff.services).await?;
     match diff.output {
         DiffOutput::Text => {
             (diffs.iter().flat_map(diff::ServiceDiff::lines)).for_each(|line| println!("{line}"))

@@ -1,4 +1,5 @@
 //! `external-endpoints`: publishes EndpointSlices for Services that select ExternalWorkloads.
+//! Also `kubectl external-endpoints` when installed as `kubectl-external_endpoints`.
 
 use external_endpoints::{
     check,
@@ -19,7 +20,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match settings.args.command.clone() {
-        None => runtime.block_on(run(settings)).map(|()| true),
+        None | Some(Command::Run) => runtime.block_on(run(settings)).map(|()| true),
         Some(Command::Check(args)) => runtime.block_on(check(&settings, &args)),
         Some(Command::Diff(args)) => match runtime.block_on(diff(&settings, &args)) {
             // As `kubectl diff`: 1 means "there are changes", so an error is 2.

@@ -126,6 +126,52 @@ fn the_chart_renders_every_deploy_file_exactly() {
     }
 }
 
+/// Installed with its defaults, the chart asks for the image `scripts/image.sh` builds: the tag
+/// follows the chart's appVersion, which is the workspace version the script tags with.
+#[test]
+fn the_default_image_is_the_one_scripts_image_sh_tags() {
+    let Some(helm) = helm() else { return };
+    let chart = chart();
+    let rendered = run(
+        &helm,
+        &[
+            "template",
+            "ee",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "ops",
+        ],
+    );
+    let mut charted = BTreeMap::new();
+    objects(&rendered, &mut charted);
+    let deployment = &charted["Deployment ops/ee"];
+    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap();
+    let output = Command::new(repo().join("scripts/image.sh"))
+        .arg("--print-ref")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let tagged = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(image, tagged.trim(), "the chart's default image");
+    assert_eq!(
+        image,
+        format!("external-endpoints:{}", env!("CARGO_PKG_VERSION"))
+    );
+    let chart_yaml: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).unwrap()).unwrap();
+    assert_eq!(
+        chart_yaml["appVersion"].as_str(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    // The label `check` and `diff` find the controller by, whatever the release's name.
+    assert_eq!(
+        deployment["metadata"]["labels"]["app.kubernetes.io/part-of"],
+        "external-endpoints"
+    );
+}
+
 #[test]
 fn helm_lint_passes() {
     let Some(helm) = helm() else { return };
@@ -211,6 +257,21 @@ async fn the_chart_installs_upgrades_and_uninstalls() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // Without --lease-namespace, `check` finds the Lease's namespace through the release's
+    // Deployment, whatever the release is named.
+    let output = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
+        .args(["check", "--kubeconfig", &kubeconfig])
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        text.contains(&format!(
+            "; {namespace}, from Deployment {namespace}/{release} (labelled"
+        )),
+        "{text}"
+    );
 
     helm_in(&["uninstall", release]);
     assert!(deployments.get_opt(release).await.unwrap().is_none());

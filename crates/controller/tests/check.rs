@@ -1,6 +1,8 @@
 //! `external-endpoints check` against a real kube-apiserver: the RBAC of `deploy/rbac.yaml`
 //! passes (checked for the ServiceAccount by impersonation), RBAC missing one verb fails and
-//! names it, a missing CRD fails, a stale Lease is reported, an unreachable server is one line.
+//! names it, a missing CRD fails, a stale Lease is reported, an unreachable server is one line;
+//! without --lease-namespace the Lease is found through the installed Deployment, and a caller
+//! who may not search is told so; every failing line ends with a command to run.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
 use std::{
@@ -24,7 +26,7 @@ use kube::{
 use serde_json::json;
 use tokio::time::Instant;
 
-/// Names and namespace used by `deploy/rbac.yaml`.
+/// Names and namespace used by `deploy/rbac.yaml` and `deploy/deployment.yaml`.
 const DEPLOY_NAME: &str = "external-endpoints";
 
 /// Longest wait for RBAC changes to reach the API server's authorizer.
@@ -170,8 +172,10 @@ async fn the_deployed_rbac_passes_every_check() {
     assert_eq!(output.status.code(), Some(0));
     let outcomes: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let outcomes = outcomes.as_array().unwrap();
-    // api-server, crd, five resources, lease.
-    assert_eq!(outcomes.len(), 8, "{outcomes:?}");
+    // api-server, where the Lease was looked for (a note), crd, five resources, lease.
+    assert_eq!(outcomes.len(), 9, "{outcomes:?}");
+    assert_eq!(outcomes[1]["check"], "lease-namespace");
+    assert_eq!(outcomes[1]["note"], true);
     assert!(outcomes.iter().all(|o| o["ok"] == true), "{outcomes:?}");
 }
 
@@ -294,4 +298,265 @@ async fn an_unreachable_api_server_is_one_failing_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("nowhere"), "{stderr}");
+}
+
+/// `deploy/deployment.yaml` moved into `namespace`, its replicas using the Lease `lease_name`.
+/// Nothing runs it (the testbed has no kubelet): `check` and `diff` only read it.
+fn deployment_in(namespace: &str, lease_name: &str) -> DynamicObject {
+    let text = std::fs::read_to_string(deploy_dir().join("deployment.yaml")).unwrap();
+    let mut deployment: DynamicObject = serde_yaml::from_str(&text).unwrap();
+    deployment.metadata.namespace = Some(namespace.to_string());
+    let args = &mut deployment.data["spec"]["template"]["spec"]["containers"][0]["args"];
+    for arg in args.as_array_mut().unwrap() {
+        if arg.as_str().unwrap().starts_with("--lease-name=") {
+            *arg = json!(format!("--lease-name={lease_name}"));
+        }
+    }
+    deployment
+}
+
+/// A Lease named `name` in `namespace`, held by `holder` and just renewed.
+async fn fresh_lease(client: &Client, namespace: &str, name: &str, holder: &str) {
+    let now = MicroTime(Timestamp::now());
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    };
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    api.create(&PostParams::default(), &lease).await.unwrap();
+}
+
+/// Runs `check` with `args` and the environment variables `env` set (POD_NAMESPACE and
+/// KUBECONFIG removed otherwise).
+async fn check_with_env(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_external-endpoints"));
+    command
+        .arg("check")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env_remove("POD_NAMESPACE")
+        .env_remove("KUBECONFIG")
+        .envs(env.iter().copied());
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Every failing outcome of a `--output json` run ends its text line with its command, and
+/// the command is one an operator runs (`kubectl ...`).
+async fn assert_failures_end_with_a_command(kubeconfig: &Path, args: &[&str]) -> usize {
+    let text = stdout(&check(kubeconfig, args).await);
+    let mut json_args = args.to_vec();
+    json_args.extend(["--output", "json"]);
+    let outcomes: Vec<serde_json::Value> =
+        serde_json::from_slice(&check(kubeconfig, &json_args).await.stdout).unwrap();
+    let failures: Vec<&serde_json::Value> = outcomes.iter().filter(|o| o["ok"] == false).collect();
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(lines.len(), failures.len(), "{text}");
+    for (line, failure) in lines.iter().zip(&failures) {
+        let command = failure["command"].as_str().unwrap();
+        assert!(command.starts_with("kubectl "), "{failure}");
+        assert!(line.ends_with(&format!(": {command}")), "{line}");
+    }
+    failures.len()
+}
+
+/// The operator's case of issue 36: no --lease-namespace, no POD_NAMESPACE, a kubeconfig whose
+/// namespace is `default`; the Lease lives in the namespace of the installed Deployment (found
+/// by its label, in any namespace) under the name its args give. The only test of this binary
+/// that creates a Deployment, so the search finds exactly this one.
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_found_through_the_installed_deployment_without_flag_or_pod_namespace() {
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let admin = testbed.client().await.unwrap();
+    let namespace = testbed.fresh_namespace("check-found").await.unwrap();
+    apply_all(&admin, &[deployment_in(&namespace, "found-lease")]).await;
+    fresh_lease(&admin, &namespace, "found-lease", "replica-0").await;
+    let kubeconfig = testbed.kubeconfig_path();
+
+    let output = check(kubeconfig, &[]).await;
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    let note = text
+        .lines()
+        .find(|l| l.starts_with("NOTE lease-namespace: "))
+        .unwrap_or_else(|| panic!("no note of where it looked:\n{text}"));
+    assert!(note.contains("--lease-namespace not given"), "{note}");
+    assert!(note.contains("POD_NAMESPACE not set"), "{note}");
+    assert!(
+        note.contains(&format!(
+            "{namespace}, from Deployment {namespace}/external-endpoints (labelled app.kubernetes.io/part-of=external-endpoints"
+        )),
+        "{note}"
+    );
+    assert!(
+        text.contains(&format!(
+            "PASS lease: {namespace}/found-lease held by replica-0"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "PASS rbac: leases.coordination.k8s.io in namespace {namespace}"
+        )),
+        "{text}"
+    );
+
+    // POD_NAMESPACE comes before the Deployment, and the flag before both.
+    let output = check_with_env(kubeconfig, &[], &[("POD_NAMESPACE", "default")]).await;
+    let text = stdout(&output);
+    assert!(
+        text.contains("NOTE lease-namespace: default, from POD_NAMESPACE"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FAIL lease: default/external-endpoints-write does not exist"),
+        "{text}"
+    );
+    let output = check_with_env(
+        kubeconfig,
+        &[
+            "--lease-namespace",
+            &namespace,
+            "--lease-name",
+            "found-lease",
+        ],
+        &[("POD_NAMESPACE", "default")],
+    )
+    .await;
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "NOTE lease-namespace: {namespace}, from --lease-namespace"
+        )),
+        "{text}"
+    );
+
+    // The Lease gone: the failing line names it and ends with where to look next, the
+    // Deployment's logs.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &namespace);
+    leases
+        .delete("found-lease", &Default::default())
+        .await
+        .unwrap();
+    let output = check(kubeconfig, &[]).await;
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    let line = text.lines().find(|l| l.starts_with("FAIL lease:")).unwrap();
+    assert!(
+        line.starts_with(&format!(
+            "FAIL lease: {namespace}/found-lease does not exist ->"
+        )),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(&format!(
+            ": kubectl --kubeconfig {} -n {namespace} logs deploy/external-endpoints",
+            kubeconfig.display()
+        )),
+        "{line}"
+    );
+    assert_eq!(assert_failures_end_with_a_command(kubeconfig, &[]).await, 1);
+}
+
+/// A caller who may not list Deployments in every namespace is told so, with the command that
+/// shows it, and `check` goes on with the kubeconfig's namespace; every failure that follows
+/// ends with a command.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_caller_who_cannot_list_deployments_is_told_and_the_kubeconfig_namespace_is_used() {
+    use k8s_openapi::api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::ServiceAccount,
+    };
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let admin = testbed.client().await.unwrap();
+    let namespace = testbed.fresh_namespace("check-nobody").await.unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("nobody".into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request("nobody", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|status| status.token)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let admin_config = kube::config::Kubeconfig::read_from(testbed.kubeconfig_path()).unwrap();
+    let admin_config = serde_json::to_value(&admin_config).unwrap();
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "testbed", "cluster": admin_config["clusters"][0]["cluster"] }],
+        "users": [{ "name": "nobody", "user": { "token": token } }],
+        "contexts": [{ "name": "nobody", "context": {
+            "cluster": "testbed", "user": "nobody", "namespace": namespace } }],
+        "current-context": "nobody",
+    });
+    std::fs::write(&kubeconfig, serde_json::to_vec(&config).unwrap()).unwrap();
+
+    let output = check(&kubeconfig, &[]).await;
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    let note = text
+        .lines()
+        .find(|l| l.starts_with("NOTE lease-namespace: "))
+        .unwrap_or_else(|| panic!("no note:\n{text}"));
+    assert!(
+        note.contains("the kubeconfig's user may not list Deployments in all namespaces"),
+        "{note}"
+    );
+    assert!(
+        note.contains(&format!(
+            "kubectl --kubeconfig {} auth can-i list deployments.apps --all-namespaces",
+            kubeconfig.display()
+        )),
+        "{note}"
+    );
+    assert!(
+        note.ends_with(&format!("{namespace}, the kubeconfig's namespace")),
+        "{note}"
+    );
+    assert!(
+        text.contains(&format!(
+            "FAIL lease: cannot read {namespace}/external-endpoints-write"
+        )),
+        "{text}"
+    );
+    let failures = assert_failures_end_with_a_command(&kubeconfig, &[]).await;
+    assert!(
+        failures >= 5,
+        "no rights, so every rbac line fails too:\n{text}"
+    );
 }
