@@ -84,7 +84,8 @@ pub struct ControllerConfig {
     pub namespace: Option<String>,
     /// A watch that delivers nothing (no event, no bookmark) for this long is stalled: it is
     /// restarted, counted, and the replica is not ready meanwhile. Each watch asks the server for
-    /// a timeout of half this, so a healthy watch hears a bookmark well within it.
+    /// a timeout of a sixth of this, so a healthy watch hears a bookmark well within it, and a
+    /// lagging one too.
     pub stall_bound: Duration,
     /// Most slice writes per second, across workers (0: no limit but the workers' count).
     pub write_qps: u32,

@@ -85,11 +85,13 @@ async fn run() {
 async fn case(testbed: &testbed::Testbed, kind: &str, lag: Duration, rounds: usize) -> Vec<f64> {
     let cluster = Cluster::new(testbed, "lag").await;
     cluster
-        .create_service(Svc::named("web").selector("app", "web").port("http", 80, 8080))
+        .create_service(
+            Svc::named("web")
+                .selector("app", "web")
+                .port("http", 80, 8080),
+        )
         .await;
-    cluster
-        .apply_workload(vm("vm-0", "10.0.0.1").ready())
-        .await;
+    cluster.apply_workload(vm("vm-0", "10.0.0.1").ready()).await;
     let proxy = HttpProxy::start(&testbed.kubeconfig_for("lag-bench", 0).unwrap()).await;
     if !kind.is_empty() {
         proxy.lag_watches_of(kind, lag);
@@ -99,9 +101,18 @@ async fn case(testbed: &testbed::Testbed, kind: &str, lag: Duration, rounds: usi
     let leader = Replica::start_with(BINARY, kubeconfig.path(), "lag-leader", &args).await;
     leader.wait_leading(Duration::from_secs(60) + lag).await;
     let settle = Duration::from_secs(30) + lag * 2;
-    poll("vm-0 published", settle, Duration::from_millis(20), || async {
-        cluster.endpoints_of("web").await.contains_key("vm-0").then_some(())
-    })
+    poll(
+        "vm-0 published",
+        settle,
+        Duration::from_millis(20),
+        || async {
+            cluster
+                .endpoints_of("web")
+                .await
+                .contains_key("vm-0")
+                .then_some(())
+        },
+    )
     .await;
 
     let mut samples = Vec::new();
@@ -114,10 +125,15 @@ async fn case(testbed: &testbed::Testbed, kind: &str, lag: Duration, rounds: usi
             vm("vm-0", "10.0.0.1").not_ready()
         };
         cluster.apply_workload(flip).await;
-        poll("the flip published", settle, Duration::from_millis(5), || async {
-            let endpoints = cluster.endpoints_of("web").await;
-            (endpoints.get("vm-0").map(|(_, r)| *r) == Some(ready)).then_some(())
-        })
+        poll(
+            "the flip published",
+            settle,
+            Duration::from_millis(5),
+            || async {
+                let endpoints = cluster.endpoints_of("web").await;
+                (endpoints.get("vm-0").map(|(_, r)| *r) == Some(ready)).then_some(())
+            },
+        )
         .await;
         // Right after it: a new workload.
         let name = format!("vm-{}", round + 1);
@@ -125,15 +141,27 @@ async fn case(testbed: &testbed::Testbed, kind: &str, lag: Duration, rounds: usi
         cluster
             .apply_workload(vm(&name, &format!("10.0.1.{}", round + 1)).ready())
             .await;
-        poll("the new workload published", settle, Duration::from_millis(5), || async {
-            cluster.endpoints_of("web").await.contains_key(&name).then_some(())
-        })
+        poll(
+            "the new workload published",
+            settle,
+            Duration::from_millis(5),
+            || async {
+                cluster
+                    .endpoints_of("web")
+                    .await
+                    .contains_key(&name)
+                    .then_some(())
+            },
+        )
         .await;
         samples.push(changed.elapsed().as_secs_f64());
         cluster.delete_workload(&name).await;
-        poll("the workload gone", settle, Duration::from_millis(20), || async {
-            (!cluster.endpoints_of("web").await.contains_key(&name)).then_some(())
-        })
+        poll(
+            "the workload gone",
+            settle,
+            Duration::from_millis(20),
+            || async { (!cluster.endpoints_of("web").await.contains_key(&name)).then_some(()) },
+        )
         .await;
     }
     leader.terminate();

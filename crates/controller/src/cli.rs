@@ -115,7 +115,8 @@ pub struct Args {
 
     /// A watch that delivers nothing (no event, no bookmark) for this long is stalled: restarted
     /// (then re-listed with plain LIST requests if it stalls again), counted, and the replica is
-    /// not ready meanwhile. Each watch asks the API server for a timeout of half this.
+    /// not ready meanwhile. Each watch asks the API server for a timeout of a sixth of this (at
+    /// least 3 s).
     #[arg(long, default_value = "30s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub watch_stall_timeout: Duration,
 
@@ -403,8 +404,9 @@ impl Args {
             return Err("--resync-period must be greater than zero".into());
         }
         if self.watch_stall_timeout < Duration::from_secs(6) {
-            // The server timeout asked of each watch is half of it, and its bookmark comes two
-            // seconds before that timeout: below 6 s a healthy watch could look stalled.
+            // The server timeout asked of each watch is a sixth of it (at least 3 s), and its
+            // bookmark comes two seconds before that timeout: below 6 s a healthy watch could
+            // look stalled.
             return Err("--watch-stall-timeout must be at least 6s".into());
         }
         let timings =

@@ -285,7 +285,9 @@ impl Link {
         self.state.lock().writes_in_flight
     }
 
-    /// Whether any fault is in force.
+    /// Whether any fault is in force: one set on the link, a watch stream still stalled (the
+    /// replica has not yet replaced it: within the stall bound, its cache cannot see what others
+    /// write), a lagging kind, or answers to be lost.
     pub fn faulty(&self) -> bool {
         let state = self.state.lock();
         state.cut
@@ -293,6 +295,10 @@ impl Link {
             || state.error_percent > 0
             || !state.slow.is_zero()
             || !state.lag.is_zero()
+            || state.lagging.is_some()
+            || state.held.is_some()
+            || state.lose_answers > 0
+            || state.open.iter().any(|id| *id < state.stalled_below)
     }
 
     fn update(&self, change: impl FnOnce(&mut LinkState)) {

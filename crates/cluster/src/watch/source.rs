@@ -3,7 +3,7 @@
 //! on silence; see its docs for the states and why not kube-runtime's watcher), reporting to
 //! this kind's [`KindHealth`] and counters, and taking its commands.
 //!
-//! The stall bound is the kind's: the server is asked for half of it as each stream's timeout,
+//! The stall bound is the kind's: the server is asked for a sixth of it as each stream's timeout,
 //! so a watch that hears nothing for the bound is stalled (docs/operations.md, "Quiet faults").
 
 use std::sync::Arc;

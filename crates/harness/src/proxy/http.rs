@@ -388,7 +388,10 @@ fn lagged(
     tokio::spawn(async move {
         let mut frames = pin!(frames);
         while let Some(frame) = frames.next().await {
-            if sender.send((tokio::time::Instant::now() + lag, frame)).is_err() {
+            if sender
+                .send((tokio::time::Instant::now() + lag, frame))
+                .is_err()
+            {
                 return;
             }
         }
@@ -441,6 +444,9 @@ mod tests {
             "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices",
             "endpointslices"
         ));
-        assert!(!names_resource("/api/v1/namespaces/ns/services", "endpointslices"));
+        assert!(!names_resource(
+            "/api/v1/namespaces/ns/services",
+            "endpointslices"
+        ));
     }
 }

@@ -224,11 +224,14 @@ where
     }
 }
 
-/// The server timeout asked of each stream: half the stall bound, so that the bookmark the
-/// server sends two seconds before it (and the next stream's) arrive well within the bound.
+/// The server timeout asked of each stream: a sixth of the stall bound (at least the probe's),
+/// so that the bookmark the server sends two seconds before it, and the next stream's, arrive
+/// well within the bound, even on a stream whose frames all arrive late. A stream that lags by
+/// D but delivers shows a sign of life every sixth of the bound plus D, so it is not cut (and
+/// its lag doubled by a resume) unless D is close to the whole bound (issue 32).
 pub fn server_timeout(stall_bound: Duration) -> u32 {
-    let half = stall_bound.as_secs() / 2;
-    u32::try_from(half)
+    let sixth = stall_bound.as_secs() / 6;
+    u32::try_from(sixth)
         .unwrap_or(u32::MAX)
         .max(PROBE_TIMEOUT_SECONDS)
 }

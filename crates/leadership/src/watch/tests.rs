@@ -82,49 +82,49 @@ const CASES: &[Case] = &[
             "apply a@7", "progress at 8 answers 0", "delete a@9", "progress at 9 answers 0",
             "apply a@10",
         ],
-        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "14.0 watch from=9 timeout=15"],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "14.0 watch from=9 timeout=5"],
         reported: (0, 0, 0),
     },
     Case {
         name: "a bookmark inside the initial events does not end the list",
         script: &[Stream(&[Added("a", 5), Mark(5), Added("b", 6), ListEnd(6), Hang])],
         events: &["list start", "listed a@5", "listed b@6", "list done at 6 answers 0"],
-        requests: &["0.0 stream-list timeout=15"],
+        requests: &["0.0 stream-list timeout=5"],
         reported: (0, 0, 0),
     },
     Case {
         name: "a stream closed before its timeout resumes from the last version, with no progress",
         script: &[LISTED_A_ENDS, Stream(&[After(3)]), Stream(&[Modified("a", 6), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "apply a@6"],
-        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "3.0 watch from=5 timeout=15"],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "3.0 watch from=5 timeout=5"],
         reported: (0, 0, 0),
     },
     Case {
         name: "410 inside the watch is a loss: list again at once, and the list answers it",
         script: &[LISTED_A_ENDS, Stream(&[InStream(410)]), Stream(&[Added("b", 20), ListEnd(20), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "listed b@20", "list done at 20 answers 1"],
-        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.0 stream-list timeout=15"],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "0.0 stream-list timeout=5"],
         reported: (0, 0, 1),
     },
     Case {
         name: "410 answering the watch request: list again at once, counted as a failure",
         script: &[LISTED_A_ENDS, Fail(410), Stream(&[ListEnd(20), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "list done at 20 answers 1"],
-        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.0 stream-list timeout=15"],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "0.0 stream-list timeout=5"],
         reported: (0, 1, 1),
     },
     Case {
         name: "a stalled watch is lost: it resumes from its last version at the bound as a probe; stalled again, a paged LIST answers both losses",
         script: &[LISTED_A, Silent, Page(&[("b", 8)], 9, None), Stream(&[Deleted("b", 10), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "listed b@8", "list done at 9 answers 2", "delete b@10"],
-        requests: &["0.0 stream-list timeout=15", "30.0 watch from=5 timeout=3", "60.0 list limit=500", "60.0 watch from=9 timeout=3"],
+        requests: &["0.0 stream-list timeout=5", "30.0 watch from=5 timeout=3", "60.0 list limit=500", "60.0 watch from=9 timeout=3"],
         reported: (2, 0, 2),
     },
     Case {
         name: "a stall inside a streaming list re-lists with a paged LIST at once",
         script: &[Stream(&[Added("a", 5), Hang]), Page(&[("a", 5)], 6, None), Stream(&[Hang])],
         events: &["list start", "listed a@5", "list start", "listed a@5", "list done at 6 answers 1"],
-        requests: &["0.0 stream-list timeout=15", "30.0 list limit=500"],
+        requests: &["0.0 stream-list timeout=5", "30.0 list limit=500"],
         reported: (1, 0, 1),
     },
     Case {
@@ -136,7 +136,7 @@ const CASES: &[Case] = &[
             Stream(&[Modified("b", 10), Hang]),
         ],
         events: &["list start", "listed a@3", "listed b@4", "list done at 9 answers 0", "apply b@10"],
-        requests: &["0.0 stream-list timeout=15", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.0 watch from=9 timeout=15"],
+        requests: &["0.0 stream-list timeout=5", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.0 watch from=9 timeout=5"],
         reported: (0, 0, 0),
     },
     Case {
@@ -148,14 +148,14 @@ const CASES: &[Case] = &[
             Page(&[("a", 3), ("b", 10)], 11, None),
         ],
         events: &["list start", "listed a@3", "list start", "listed a@3", "listed b@10", "list done at 11 answers 0"],
-        requests: &["0.0 stream-list timeout=15", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.0 list limit=500"],
+        requests: &["0.0 stream-list timeout=5", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.0 list limit=500"],
         reported: (0, 0, 0),
     },
     Case {
         name: "a failed page is retried after the backoff from the same page",
         script: &[Fail(400), Page(&[("a", 3)], 9, Some("next")), Fail(503), Page(&[("b", 4)], 9, None)],
         events: &["list start", "listed a@3", "listed b@4", "list done at 9 answers 0"],
-        requests: &["0.0 stream-list timeout=15", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.2 list limit=500 continue=next"],
+        requests: &["0.0 stream-list timeout=5", "0.0 list limit=500", "0.0 list limit=500 continue=next", "0.2 list limit=500 continue=next"],
         reported: (0, 1, 1),
     },
     Case {
@@ -165,8 +165,8 @@ const CASES: &[Case] = &[
         ],
         events: &["list start", "list start", "list start", "list start", "listed a@5", "list done at 5 answers 3"],
         requests: &[
-            "0.0 stream-list timeout=15", "0.2 stream-list timeout=15", "0.6 stream-list timeout=15",
-            "1.4 stream-list timeout=15",
+            "0.0 stream-list timeout=5", "0.2 stream-list timeout=5", "0.6 stream-list timeout=5",
+            "1.4 stream-list timeout=5",
         ],
         reported: (0, 3, 3),
     },
@@ -174,28 +174,28 @@ const CASES: &[Case] = &[
         name: "after a reset the next failure waits the first delay again",
         script: &[Fail(500), Fail(500), LISTED_A_ENDS, Fail(503), Stream(&[Modified("a", 6), Hang])],
         events: &["list start", "list start", "list start", "listed a@5", "list done at 5 answers 2", "apply a@6"],
-        requests: &["0.0 stream-list timeout=15", "0.2 stream-list timeout=15", "0.6 stream-list timeout=15", "0.6 watch from=5 timeout=3", "0.8 watch from=5 timeout=3"],
+        requests: &["0.0 stream-list timeout=5", "0.2 stream-list timeout=5", "0.6 stream-list timeout=5", "0.6 watch from=5 timeout=3", "0.8 watch from=5 timeout=3"],
         reported: (0, 3, 3),
     },
     Case {
         name: "an error status inside a watch is a loss: it resumes from the last version after the backoff, as a probe",
         script: &[LISTED_A_ENDS, Stream(&[Modified("a", 6), InStream(500)]), Stream(&[Modified("a", 7), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "apply a@6", "apply a@7"],
-        requests: &["0.0 stream-list timeout=15", "0.0 watch from=5 timeout=15", "0.2 watch from=6 timeout=3"],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "0.2 watch from=6 timeout=3"],
         reported: (0, 1, 1),
     },
     Case {
         name: "an error status inside a streaming list lists again after the backoff",
         script: &[Stream(&[Added("a", 5), InStream(500)]), Stream(&[Added("a", 5), ListEnd(6), Hang])],
         events: &["list start", "listed a@5", "list start", "listed a@5", "list done at 6 answers 1"],
-        requests: &["0.0 stream-list timeout=15", "0.2 stream-list timeout=15"],
+        requests: &["0.0 stream-list timeout=5", "0.2 stream-list timeout=5"],
         reported: (0, 1, 1),
     },
     Case {
         name: "a streaming list refused inside its stream falls back to paged lists",
         script: &[Stream(&[InStream(422)]), Page(&[("a", 3)], 4, None), Stream(&[Hang])],
         events: &["list start", "list start", "listed a@3", "list done at 4 answers 0"],
-        requests: &["0.0 stream-list timeout=15", "0.0 list limit=500"],
+        requests: &["0.0 stream-list timeout=5", "0.0 list limit=500"],
         reported: (0, 0, 0),
     },
 ];
@@ -238,7 +238,7 @@ async fn a_probe_restarts_the_watch_with_a_short_timeout_and_a_relist_pages() {
     assert_eq!(
         *api.requests.lock(),
         [
-            "0.0 stream-list timeout=15",
+            "0.0 stream-list timeout=5",
             "0.0 watch from=5 timeout=3",
             "0.0 list limit=500",
         ]
@@ -259,14 +259,18 @@ async fn selectors_and_timeouts_reach_the_requests() {
     let watch = config.watch_params(None);
     assert_eq!(watch.label_selector.as_deref(), Some("app=web"));
     assert_eq!(watch.field_selector.as_deref(), Some("metadata.name=lease"));
-    assert_eq!(watch.timeout, Some(4));
+    assert_eq!(watch.timeout, Some(PROBE_TIMEOUT_SECONDS));
     assert!(watch.bookmarks, "bookmarks are signs of life");
 }
 
 #[test]
-fn the_server_timeout_is_half_the_stall_bound_and_at_least_the_probe_timeout() {
-    assert_eq!(server_timeout(Duration::from_secs(30)), 15);
-    assert_eq!(server_timeout(Duration::from_secs(10)), 5);
+fn the_server_timeout_is_a_sixth_of_the_stall_bound_and_at_least_the_probe_timeout() {
+    assert_eq!(server_timeout(Duration::from_secs(30)), 5);
+    assert_eq!(server_timeout(Duration::from_secs(60)), 10);
+    assert_eq!(
+        server_timeout(Duration::from_secs(10)),
+        PROBE_TIMEOUT_SECONDS
+    );
     assert_eq!(
         server_timeout(Duration::from_secs(2)),
         PROBE_TIMEOUT_SECONDS
