@@ -1,11 +1,10 @@
-//! Clause 3's fallback (docs/architecture.md, "A fresh view"): where the watermarks cannot show
-//! that a pass's view is at least as new as what an addition follows from ([`crate::view`]), the
-//! API server is read, and the addition is written only if it agrees with the view.
+//! Clause 3's reads (docs/architecture.md, "A fresh view"): the Service of a pass that adds, and
+//! the added workloads the watermarks cannot vouch for ([`crate::view`]), are read from the API
+//! server, and the addition is written only if they agree with the view.
 //!
-//! - the Service (a GET), when the Service watch has not read up to an added workload's version:
-//!   a selector change it has not delivered could make the addition wrong (the selector changed,
-//!   then the workload's labels matched the old one). It must still exist with the same uid and
-//!   selector.
+//! - the Service (a GET), always: a selector change the Service watch has not delivered could
+//!   make the addition wrong (the selector changed, then the workload's labels matched the old
+//!   one). It must still exist with the same uid and selector.
 //! - an added workload, when the workload watch has not read up to the Service's version (a GET
 //!   each, up to [`GET_AT_MOST`]; above that, one LIST by the Service's selector, so a replay of
 //!   many additions costs one read): a selector change could re-select a workload deleted just

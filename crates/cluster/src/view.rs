@@ -7,9 +7,11 @@
 //! 2. the pass's own last write for that Service: each answer enters the slice cache at once
 //!    ([`crate::writer`]), and a write whose outcome is unknown holds the Service until a
 //!    consistent read of its slices is in the cache ([`Admission::ReadBack`]);
-//! 3. for an endpoint the pass adds, the version of the Service and of the workload the addition
-//!    follows from: shown by the watermarks ([`Marks`]: how far each kind's watch has read), or,
-//!    where they cannot show it, by a read from the API server ([`Admission::Confirm`],
+//! 3. for an endpoint the pass adds, the Service as it is now, and the workload at least as of
+//!    the Service's version: the Service by a read from the API server, always (its selector
+//!    decides membership, and a watermark can only show that a watch has read up to some past
+//!    point, never up to now), and the workload by the watermarks ([`Marks`]: how far each kind's
+//!    watch has read), or by a read where they cannot show it ([`Admission::Confirm`],
 //!    [`crate::confirm`]).
 //!
 //! [`admit`] is that decision; the reconcile acts on its answer and counts every wait under one
@@ -101,10 +103,12 @@ pub enum Admission<'a> {
 
 /// Decides whether a pass with this view may write (module docs).
 ///
-/// Clause 3 in watermarks: for each added workload, the Service watch must have read up to the
-/// workload's version, and the workload watch up to the Service's. Then at the newer of the two
-/// versions both objects were as the view shows them, so the addition follows from a state the
-/// API server really had, not a mix of a newer Service and an older workload (or the reverse).
+/// Clause 3: an addition is written only after a read of the Service shows it unchanged (same
+/// uid, same selector), and only while the workload watch has read up to the Service's version
+/// and the workload's own (else the workload is read too). So the Service selects the workload
+/// as of now, and the workload is at least as new as the Service's selector: never a newer
+/// Service combined with an older workload (a selector change that re-selects a workload deleted
+/// just before it), nor an addition by a selector the Service has left.
 pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
     if view.unresolved_write {
         return Admission::ReadBack;
@@ -113,14 +117,7 @@ pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
         return Admission::Write;
     }
     let service_version = version(view.service.resource_version.as_ref());
-    let newest_added = view
-        .added
-        .iter()
-        .map(|workload| version(workload.resource_version.as_ref()))
-        .max()
-        .unwrap_or(0);
-    let service = view.marks.services < service_version.max(newest_added);
-    let workloads: Vec<&CachedWorkload> = view
+    let workloads = view
         .added
         .iter()
         .copied()
@@ -129,10 +126,9 @@ pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
             view.marks.workloads < follows_from
         })
         .collect();
-    if !service && workloads.is_empty() {
-        Admission::Write
-    } else {
-        Admission::Confirm { service, workloads }
+    Admission::Confirm {
+        service: true,
+        workloads,
     }
 }
 
@@ -187,21 +183,13 @@ mod tests {
         let rows: &[Row] = &[
             // Nothing added: only clause 2 can hold a pass.
             ("10", &[], marks(0, 0), false, None),
-            // Both watches past both versions: the watermarks vouch.
-            ("10", &["20"], marks(20, 20), false, None),
-            ("10", &["20"], marks(25, 30), false, None),
-            // The Service watch not yet at the workload's version (a selector change it has not
-            // delivered could make the addition wrong): read the Service.
-            ("10", &["20"], marks(19, 20), false, Some((true, &[]))),
+            // An addition: the Service is always read; the workload watch past both versions
+            // vouches for the workload.
+            ("10", &["20"], marks(20, 20), false, Some((true, &[]))),
+            ("10", &["20"], marks(0, 30), false, Some((true, &[]))),
             // The workload watch not yet at the Service's version (a deletion it has not
-            // delivered, made before the selector change): read that workload.
-            (
-                "30",
-                &["20"],
-                marks(30, 29),
-                false,
-                Some((false, &["vm-0"])),
-            ),
+            // delivered, made before a selector change): that workload is read too.
+            ("30", &["20"], marks(30, 29), false, Some((true, &["vm-0"]))),
             // Each workload judged on its own (vm-1's own version not yet read: a race between
             // the watermark and the cache read).
             (
@@ -209,7 +197,7 @@ mod tests {
                 &["20", "35"],
                 marks(40, 30),
                 false,
-                Some((false, &["vm-1"])),
+                Some((true, &["vm-1"])),
             ),
             // A version that is not a number is vouched for by a read only.
             (

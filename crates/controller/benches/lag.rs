@@ -17,7 +17,8 @@
 //! addition is confirmed by a GET of the Service, so it is fast too.
 //!
 //! `cargo bench -p external-endpoints --bench lag`. Knobs: `LAG_SECONDS` (5,25: the lags D),
-//! `LAG_ROUNDS` (5). The bench prints the load average first; run it alone on the machine.
+//! `LAG_ROUNDS` (5), `LAG_KINDS` (all: a comma-separated subset of `none`, `endpointslices`,
+//! `externalworkloads`, `services`). The bench prints the load average first; run it alone on the machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
 use std::time::Duration;
@@ -49,8 +50,15 @@ async fn run() {
         .await
         .unwrap();
     progress(started, "testbed up");
+    let only: Option<Vec<String>> = std::env::var("LAG_KINDS")
+        .ok()
+        .map(|kinds| kinds.split(',').map(|kind| kind.trim().to_string()).collect());
     let mut table = Table::default();
     for kind in KINDS {
+        let name = if kind.is_empty() { "none" } else { kind };
+        if only.as_ref().is_some_and(|only| !only.iter().any(|k| k == name)) {
+            continue;
+        }
         let cases: Vec<u64> = if kind.is_empty() {
             vec![0]
         } else {

@@ -402,7 +402,15 @@ impl Checks {
             }
             "services" => {
                 let key = key_of(applied);
-                match decode::<Service>(applied) {
+                let service = decode::<Service>(applied);
+                let uid = |service: Option<&Service>| service.and_then(|s| s.metadata.uid.clone());
+                // Another incarnation of the Service (deleted, or created again under its name):
+                // the workloads its slices held belonged to the one before, whose slices go with
+                // it; none of them is a removal this one's writes can publish.
+                if uid(service.as_ref()) != uid(state.services.get(&key)) {
+                    state.present.remove(&key);
+                }
+                match service {
                     Some(service) => state.services.insert(key, service),
                     None => state.services.remove(&key),
                 };
