@@ -30,7 +30,12 @@ impl Caches {
         Self {
             services: Arc::new(Store::new().label_indexed(selector_anchor)),
             workloads: Arc::new(Store::new().label_indexed(workload_labels)),
-            slices: Arc::new(Store::grouped(service_name_of)),
+            // A delete the watch shows is remembered past any answer still on its way to the
+            // writer (read your own writes: a late answer must not bring the slice back).
+            slices: Arc::new(
+                Store::grouped(service_name_of)
+                    .remembering_deletes(2 * crate::writer::CALL_TIMEOUT),
+            ),
             interner: Arc::new(Interner::new()),
         }
     }

@@ -16,13 +16,15 @@
 //! the object we deleted, changes nothing (docs/architecture.md, "A fresh view").
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     hash::{BuildHasherDefault, DefaultHasher},
     sync::Arc,
+    time::Duration,
 };
 
 use parking_lot::RwLock;
 use slices::{CachedService, CachedSlice, CachedWorkload, Text, Token};
+use tokio::time::Instant;
 
 /// Maps and sets with a fixed hash seed: iteration order (the order of a replay, of the deletes
 /// a re-list finds) is then the same in every run of the same inputs, which the simulation
@@ -81,6 +83,9 @@ impl Relist {
 pub struct Store<K> {
     index: Index<K>,
     inner: RwLock<Namespaces<K>>,
+    /// How long a delete seen through the watch is remembered (see
+    /// [`Store::remembering_deletes`]); not at all when `None`.
+    remember_deletes: Option<Duration>,
 }
 
 /// What a cache indexes by, besides namespace and name.
@@ -94,16 +99,21 @@ struct Index<K> {
 struct Namespaces<K> {
     namespaces: HashMap<Text, Namespace<K>>,
     len: usize,
+    /// Tombstones that expire, oldest first, to drop them in order.
+    expiring: VecDeque<(Instant, (Text, Text))>,
     /// `(namespace, name)` → the object gone: its uid, and the version at or below which any
     /// report of it is older than its deletion.
     tombstones: HashMap<(Text, Text), Tombstone>,
 }
 
-/// An object known gone before the watch says so.
+/// An object known gone: before the watch says so (our own delete, a consistent read), or
+/// since the watch said so (for a while: an answer to our own write may still be on its way).
 #[derive(Clone, Debug)]
 struct Tombstone {
     uid: Option<Token>,
     version: u64,
+    /// `None`: kept until the watch's delete of it, or a re-list past it.
+    expires: Option<Instant>,
 }
 
 struct Namespace<K> {
@@ -159,9 +169,20 @@ impl<K: Cached> Store<K> {
             inner: RwLock::new(Namespaces {
                 namespaces: HashMap::default(),
                 len: 0,
+                expiring: VecDeque::new(),
                 tombstones: HashMap::default(),
             }),
+            remember_deletes: None,
         }
+    }
+
+    /// Remembers each delete seen through the watch for `ttl`, so that an older report of the
+    /// object arriving after it (the answer to our own write of it, late) cannot bring it back.
+    /// `ttl` must outlast any write's answer: the writer's call timeout.
+    #[must_use]
+    pub fn remembering_deletes(mut self, ttl: Duration) -> Self {
+        self.remember_deletes = Some(ttl);
+        self
     }
 
     /// Also indexes objects by the label pairs `pairs_of` gives, for [`Store::with_label`].
@@ -257,6 +278,21 @@ impl<K: Cached> Store<K> {
             return None;
         }
         let old = inner.remove(&self.index, object.namespace(), object.name());
+        if let Some(ttl) = self.remember_deletes {
+            let now = Instant::now();
+            inner.expire_tombstones(now);
+            let expires = now + ttl;
+            let version = number(object.resource_version()).unwrap_or(u64::MAX);
+            inner.expiring.push_back((expires, key.clone()));
+            inner.tombstones.insert(
+                key,
+                Tombstone {
+                    uid: object.uid().cloned(),
+                    version,
+                    expires: Some(expires),
+                },
+            );
+        }
         Some(Change {
             old: old.or_else(|| Some(Arc::new(object))),
             new: None,
@@ -277,7 +313,11 @@ impl<K: Cached> Store<K> {
         let old = inner.remove(&self.index, namespace, name);
         inner.tombstones.insert(
             (namespace.clone(), name.clone()),
-            Tombstone { uid, version },
+            Tombstone {
+                uid,
+                version,
+                expires: None,
+            },
         );
         old
     }
@@ -367,6 +407,25 @@ impl<K> Namespace<K> {
 // === impl Namespaces ===
 
 impl<K: Cached> Namespaces<K> {
+    /// Drops the tombstones of watch deletes whose time is up (each still the one queued: a
+    /// later tombstone of the same name stays).
+    fn expire_tombstones(&mut self, now: Instant) {
+        while let Some((expires, _)) = self.expiring.front()
+            && *expires <= now
+        {
+            let Some((expires, key)) = self.expiring.pop_front() else {
+                break;
+            };
+            if self
+                .tombstones
+                .get(&key)
+                .is_some_and(|tombstone| tombstone.expires == Some(expires))
+            {
+                self.tombstones.remove(&key);
+            }
+        }
+    }
+
     /// Whether `object` moves the store forward: not a version it holds already or an older
     /// one, and not an object it holds a tombstone for at or above this version.
     fn is_newer(&mut self, object: &K) -> bool {
@@ -670,5 +729,23 @@ mod tests {
         cache.apply(second);
         assert!(cache.delete(first).is_none());
         assert_eq!(cache.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_seen_is_remembered_against_a_late_answer_for_a_while() {
+        let ttl = Duration::from_secs(60);
+        let cache = Store::grouped(by_service).remembering_deletes(ttl);
+        cache.apply(slice("s1", "web", "5"));
+        // Someone deletes it; the watch says so at version 9.
+        assert!(cache.delete(slice("s1", "web", "9")).is_some());
+        // The answer to our own update of it (version 7) arrives late: it stays gone.
+        assert!(cache.apply(slice("s1", "web", "7")).is_none());
+        assert!(cache.is_empty());
+        tokio::time::advance(ttl + Duration::from_secs(1)).await;
+        cache.delete(slice("other", "web", "12"));
+        assert!(
+            cache.apply(slice("s1", "web", "7")).is_some(),
+            "forgotten once no answer can still come"
+        );
     }
 }

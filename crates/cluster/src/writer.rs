@@ -499,10 +499,12 @@ async fn delete(pass: &Pass<'_>, slice: &EndpointSlice) -> Result<(), WriteError
 
 impl Pass<'_> {
     /// A write failed with `error`: if its outcome is unknown (no answer, or a 5xx: it may have
-    /// been applied) or the slice was not what the plan saw (409), the Service's slices are read
-    /// back before it is planned again. A definite refusal (another 4xx) changed nothing.
+    /// been applied) or the slice was not what the plan saw (409, or 404 on an update: someone
+    /// changed or deleted it), the Service's slices are read back before it is planned again. A
+    /// definite refusal of a write planned on the right view (another 4xx) changed nothing.
     fn unknown_outcome(&self, error: &kube::Error) {
-        let definite = matches!(status_code(error), Some(code) if code < 500 && code != 409);
+        let definite =
+            matches!(status_code(error), Some(code) if code < 500 && code != 409 && code != 404);
         if !definite && self.own_writes {
             self.tracker.lock().record_unknown_outcome(self.key);
         }

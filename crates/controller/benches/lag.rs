@@ -50,13 +50,19 @@ async fn run() {
         .await
         .unwrap();
     progress(started, "testbed up");
-    let only: Option<Vec<String>> = std::env::var("LAG_KINDS")
-        .ok()
-        .map(|kinds| kinds.split(',').map(|kind| kind.trim().to_string()).collect());
+    let only: Option<Vec<String>> = std::env::var("LAG_KINDS").ok().map(|kinds| {
+        kinds
+            .split(',')
+            .map(|kind| kind.trim().to_string())
+            .collect()
+    });
     let mut table = Table::default();
     for kind in KINDS {
         let name = if kind.is_empty() { "none" } else { kind };
-        if only.as_ref().is_some_and(|only| !only.iter().any(|k| k == name)) {
+        if only
+            .as_ref()
+            .is_some_and(|only| !only.iter().any(|k| k == name))
+        {
             continue;
         }
         let cases: Vec<u64> = if kind.is_empty() {
