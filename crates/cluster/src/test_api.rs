@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Everything not failed is answered by the in-memory API with the API server's semantics:
-//! generated names, resourceVersions, a stale replace or a delete whose preconditions no longer
+//! generated names, resourceVersions, a replace of an older version or a delete whose preconditions no longer
 //! hold refused with 409, a missing object 404.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 

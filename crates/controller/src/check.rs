@@ -382,7 +382,7 @@ async fn lease(client: &Client, target: &Target, kubectl: &Kubectl) -> Outcome {
         Outcome::fail(
             CHECK,
             format!(
-                "{at} held by {holder}, stale: last renewed {} ago, beyond its {} duration (takeover possible since {} ago), {transitions} transitions",
+                "{at} held by {holder}, expired: last renewed {} ago, beyond its {} duration (takeover possible since {} ago), {transitions} transitions",
                 format(age),
                 format(duration),
                 format(age - duration),

@@ -235,7 +235,7 @@ async fn a_stale_lease_is_reported_with_its_takeover_time() {
     assert_eq!(output.status.code(), Some(1), "{text}");
     let line = text.lines().find(|l| l.starts_with("FAIL lease:")).unwrap();
     assert!(
-        line.contains("held by gone-0, stale: last renewed 1m"),
+        line.contains("held by gone-0, expired: last renewed 1m"),
         "{line}"
     );
     assert!(line.contains("beyond its 15s duration"), "{line}");

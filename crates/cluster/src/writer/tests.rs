@@ -1,5 +1,5 @@
 //! The write path ([`KubeWrites`]) against the in-memory API server,
-//! which answers as the API server does (generated names, 409 on a stale version, 404 on a
+//! which answers as the API server does (generated names, 409 on an older version, 404 on a
 //! missing slice), with failures and the end of the term put at exact calls
 //! ([`crate::test_api`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
@@ -175,7 +175,7 @@ async fn failed_create_sends_the_updates_but_no_delete() {
 async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
     let api = TestApi::new();
     let existing = stored(&api, &["web-a", "web-b", "web-c"]).await;
-    // Someone replaces web-a after the plan saw it: the API refuses the stale update.
+    // Someone replaces web-a after the plan saw it: the API refuses the update of the older version.
     api.rewrite(&existing[0]).await;
     let pass = Pass::new();
     let plan = plan(&[], existing[..2].to_vec(), existing[2..].to_vec());
