@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 
+use crate::digest::Copied;
 use crate::labels::selects;
 use crate::model::{
     CachedEndpoint, CachedService, CachedServicePort, CachedSlicePort, CachedWorkload, Conditions,
@@ -65,6 +66,9 @@ pub(crate) struct Wanted<'a> {
     ready: bool,
     serving: bool,
     terminating: bool,
+    /// What a consumer copies from the workload besides the endpoint (the slice's identity digest).
+    identity: &'a str,
+    server_name: &'a str,
 }
 
 /// A workload's addresses of one family, in order, without duplicates. The first is held
@@ -324,6 +328,8 @@ fn wanted<'a>(
         ready,
         serving,
         terminating,
+        identity: &workload.identity,
+        server_name: &workload.server_name,
     }
 }
 
@@ -401,6 +407,15 @@ impl Wanted<'_> {
             && endpoint.zone_hint == self.zone_hint
             && target.name.as_deref() == Some(self.name)
             && target.uid.as_ref() == self.uid
+    }
+
+    /// What a consumer copies from this endpoint's workload at slice time.
+    pub(crate) fn copied(&self) -> Copied<'_> {
+        Copied {
+            name: self.name,
+            identity: self.identity,
+            server_name: self.server_name,
+        }
     }
 
     fn conditions(&self) -> EndpointConditions {

@@ -24,6 +24,10 @@
 //! - a value that cannot be sent to the API (a non-IP address, an unresolvable named port) is left
 //!   out for that workload and reported as a [`Diagnostic`], never sent: one bad workload does not
 //!   make the API reject a whole slice;
+//! - a Service that selected workloads keeps one empty slice per address family when its last
+//!   endpoint of that family leaves (a placeholder, never created from nothing), and each slice
+//!   carries a digest of its endpoints' mesh identities ([`IDENTITY_DIGEST_ANNOTATION`]), so
+//!   consumers that copy them at slice time see every change (issue 37);
 //! - a [`Tracker`] (one per leadership term) tells when the cache is behind our own writes, and
 //!   recognises our writes when they come back through the watch.
 #![deny(missing_docs)]
@@ -32,6 +36,7 @@ pub mod affected;
 mod config;
 mod desired;
 mod diagnostic;
+mod digest;
 mod labels;
 mod model;
 mod pack;
@@ -48,6 +53,7 @@ pub use config::{
 };
 pub use desired::Family;
 pub use diagnostic::{Diagnostic, Problem, ProblemKind};
+pub use digest::IDENTITY_DIGEST_ANNOTATION;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
     selects,

@@ -117,6 +117,11 @@ pub struct CachedWorkload {
     pub ready: bool,
     /// deletionTimestamp is set.
     pub deleting: bool,
+    /// `spec.meshTLS.identity`: a consumer (Linkerd's destination service) copies it when it reads
+    /// a slice holding this workload, so the slice's identity digest covers it (issue 37).
+    pub identity: Text,
+    /// `spec.meshTLS.serverName`, copied and covered like [`CachedWorkload::identity`].
+    pub server_name: Text,
 }
 
 /// One `workloadIPs[].ip`.
@@ -456,6 +461,10 @@ impl CachedWorkload {
             ports,
             ready: workload.is_ready(),
             deleting: workload.metadata.deletion_timestamp.is_some(),
+            // Not interned: identities are nearly always one per workload, so an intern table
+            // would only hold each once more.
+            identity: Text::from(workload.spec.mesh_tls.identity.as_str()),
+            server_name: Text::from(workload.spec.mesh_tls.server_name.as_str()),
         }
     }
 

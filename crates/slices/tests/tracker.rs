@@ -17,12 +17,25 @@ fn check(tracker: &mut Tracker, slices: &[&EndpointSlice]) -> Freshness {
     tracker.check(&key(), &refs)
 }
 
-/// Applies a first plan for one workload, recording each response in `tracker`.
+/// Applies a plan for one workload per address, recording each response in `tracker`.
 fn write_slices(tracker: &mut Tracker, store: &mut SliceStore, ips: &[&str]) -> Vec<EndpointSlice> {
-    let service = Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, 8080)
-        .build();
+    let service = Svc::named("web").selector("app", "web");
+    apply_plan(tracker, store, service, ips)
+}
+
+/// Applies the plan of a Service that lost its selector: its slices are deleted (with no
+/// workloads left they would stay as a placeholder, docs/slices.md).
+fn delete_slices(tracker: &mut Tracker, store: &mut SliceStore) -> Vec<EndpointSlice> {
+    apply_plan(tracker, store, Svc::named("web"), &[])
+}
+
+fn apply_plan(
+    tracker: &mut Tracker,
+    store: &mut SliceStore,
+    service: Svc,
+    ips: &[&str],
+) -> Vec<EndpointSlice> {
+    let service = service.port("http", 80, 8080).build();
     let workloads: Vec<_> = ips
         .iter()
         .enumerate()
@@ -87,7 +100,7 @@ fn cache_showing_an_older_generation_than_we_wrote_is_stale() {
 fn cache_still_holding_a_slice_we_deleted_is_stale() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
-    write_slices(&mut tracker, &mut store, &[]); // deletes it
+    delete_slices(&mut tracker, &mut store);
     let refs: Vec<_> = created.iter().collect();
     assert!(matches!(
         check(&mut tracker, &refs),
@@ -142,7 +155,7 @@ fn only_our_deletes_are_expected() {
         !tracker.is_expected_delete(&CachedSlice::from(&created[0])),
         "we did not delete it (yet)"
     );
-    write_slices(&mut tracker, &mut store, &[]);
+    delete_slices(&mut tracker, &mut store);
     assert!(tracker.is_expected_delete(&CachedSlice::from(&created[0])));
 }
 
