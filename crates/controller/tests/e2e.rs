@@ -183,11 +183,10 @@ async fn an_identity_change_rewrites_the_slice_digest_once() {
         "an update"
     );
 
-    // A pass with nothing a consumer copies changed writes nothing.
+    // A pass with nothing a consumer copies changed writes nothing: every workload is ready, so
+    // publishNotReadyAddresses changes the cached Service (a new pass) but no endpoint.
     let reconciles = metrics.reconciles();
-    cluster
-        .update_service(web().annotation("example.com/touched", "yes"))
-        .await;
+    cluster.update_service(web().publish_not_ready()).await;
     eventually("the Service to be reconciled again", CONVERGE, || async {
         let now = replica.metrics().await?;
         if now.reconciles() > reconciles && now.queue_depth() == 0.0 && now.in_flight() == 0.0 {
