@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::Config;
-use crate::desired::{GroupKey, WORKLOAD_KIND, Wanted, endpoint_ports};
+use crate::desired::{GroupKey, WORKLOAD_KIND, Wanted, endpoint_ports, port_keys};
 use crate::digest::{IDENTITY_DIGEST_ANNOTATION, identity_digest};
 use crate::labels::{
     LAST_CHANGE_TRIGGER_TIME_ANNOTATION, labels_match, owner_reference, slice_labels,
@@ -264,6 +264,33 @@ pub(crate) fn rewrite(
         address_type: base.address_type.to_string(),
         endpoints: Some(endpoints),
         metadata,
-        ports: Some(endpoint_ports(&group.ports)),
+        ports: kept_ports(base, group),
     }
+}
+
+/// The ports an update of `base` writes: the slice's own list, in its own order, when it is
+/// already the group's (as a set, and with nothing we never write, like `appProtocol`); else the
+/// group's. A rewrite made for another reason (an identity digest added to a slice Linkerd wrote
+/// in the Service's port order, say) then changes nothing a reader of the ports sees; a slice
+/// without ports keeps having none (absent, not an empty list, as the API server returns it).
+fn kept_ports(base: &CachedSlice, group: &GroupKey) -> Option<Vec<EndpointPort>> {
+    let own = base.ports.iter().all(|p| p.app_protocol.is_none())
+        && port_keys(&base.ports) == group.ports;
+    if !own {
+        return Some(endpoint_ports(&group.ports));
+    }
+    if base.ports.is_empty() {
+        return None;
+    }
+    let ports = base
+        .ports
+        .iter()
+        .map(|p| EndpointPort {
+            name: p.name.as_ref().map(|n| n.to_string()),
+            port: p.port,
+            protocol: p.protocol.as_ref().map(|n| n.to_string()),
+            app_protocol: None,
+        })
+        .collect();
+    Some(ports)
 }

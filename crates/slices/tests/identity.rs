@@ -169,3 +169,31 @@ fn a_slice_without_the_digest_is_rewritten_once() {
     );
     assert!(second.is_empty(), "{second:#?}");
 }
+
+#[test]
+fn a_rewrite_for_the_digest_keeps_the_slice_port_order() {
+    // Linkerd writes ports in the Service's order, ours sorted: adding the digest to Linkerd's
+    // slice must not change anything a reader of the ports sees.
+    let service = web().port("admin", 81, "admin").build();
+    let workload = || vm("a", "10.0.0.1").port("admin", 9000);
+    let store = converge(&service, &[workload().build()], &Config::default());
+    let reordered: Vec<EndpointSlice> = store
+        .slices()
+        .into_iter()
+        .cloned()
+        .map(|mut slice| {
+            slice.ports.as_mut().unwrap().reverse();
+            slice
+        })
+        .collect();
+    let order = reordered[0].ports.clone();
+    let mut store = slices::testing::SliceStore::with(reordered);
+
+    let rotated = [workload().identity("rotated").build()];
+    let p = plan(&service, &rotated, &store.slices(), &Config::default());
+
+    assert_eq!(p.updates.len(), 1, "{p:#?}");
+    assert_eq!(p.updates[0].ports, order, "the slice's own order");
+    store.apply(&p);
+    assert!(plan(&service, &rotated, &store.slices(), &Config::default()).is_empty());
+}
