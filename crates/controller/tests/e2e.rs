@@ -174,7 +174,10 @@ async fn an_identity_change_rewrites_the_slice_digest_once() {
     wait_idle(&replica).await;
 
     assert!(digest(&after).is_some());
-    assert_eq!(after.endpoints, before[0].endpoints, "the endpoints did not change");
+    assert_eq!(
+        after.endpoints, before[0].endpoints,
+        "the endpoints did not change"
+    );
     let metrics = replica.metrics().await.unwrap();
     assert_eq!(metrics.writes() - writes_before, 1.0, "exactly one write");
     assert_eq!(

@@ -444,12 +444,22 @@ pub async fn run(testbed: &'static testbed::Testbed) {
             same_slices += 1.0;
             let (was, now) = (&before[&name], &after[&name]);
             assert_eq!(
-                (&now.endpoints, &now.ports, now.labels(), now.owner_references()),
-                (&was.endpoints, &was.ports, was.labels(), was.owner_references()),
+                (
+                    &now.endpoints,
+                    &now.ports,
+                    now.labels(),
+                    now.owner_references()
+                ),
+                (
+                    &was.endpoints,
+                    &was.ports,
+                    was.labels(),
+                    was.owner_references()
+                ),
                 "{service}: Linkerd's slice {name} is what ours would write"
             );
             let mut added = now.annotations().clone();
-            for (key, _) in was.annotations() {
+            for key in was.annotations().keys() {
                 added.remove(key);
             }
             let added: Vec<&str> = added.keys().map(String::as_str).collect();
