@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 
-use crate::digest::Copied;
 use crate::labels::selects;
 use crate::model::{
     CachedEndpoint, CachedService, CachedServicePort, CachedSlicePort, CachedWorkload, Conditions,
@@ -66,9 +65,9 @@ pub(crate) struct Wanted<'a> {
     ready: bool,
     serving: bool,
     terminating: bool,
-    /// What a consumer copies from the workload besides the endpoint (the slice's identity digest).
-    identity: &'a str,
-    server_name: &'a str,
+    /// What a consumer copies from the workload besides the endpoint, hashed (the slice's
+    /// identity digest).
+    mesh_digest: u64,
 }
 
 /// A workload's addresses of one family, in order, without duplicates. The first is held
@@ -328,8 +327,7 @@ fn wanted<'a>(
         ready,
         serving,
         terminating,
-        identity: &workload.identity,
-        server_name: &workload.server_name,
+        mesh_digest: workload.mesh_digest(),
     }
 }
 
@@ -409,13 +407,9 @@ impl Wanted<'_> {
             && target.uid.as_ref() == self.uid
     }
 
-    /// What a consumer copies from this endpoint's workload at slice time.
-    pub(crate) fn copied(&self) -> Copied<'_> {
-        Copied {
-            name: self.name,
-            identity: self.identity,
-            server_name: self.server_name,
-        }
+    /// What a consumer copies from this endpoint's workload at slice time, hashed.
+    pub(crate) fn mesh_digest(&self) -> u64 {
+        self.mesh_digest
     }
 
     fn conditions(&self) -> EndpointConditions {

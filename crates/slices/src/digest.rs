@@ -20,17 +20,6 @@ pub const IDENTITY_DIGEST_ANNOTATION: &str = "external-endpoints.io/identity-dig
 #[derive(Clone, Copy)]
 struct Fnv1a(u64);
 
-/// What a consumer copies from one workload at slice time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Copied<'a> {
-    /// The workload's name.
-    pub(crate) name: &'a str,
-    /// `spec.meshTLS.identity`.
-    pub(crate) identity: &'a str,
-    /// `spec.meshTLS.serverName`.
-    pub(crate) server_name: &'a str,
-}
-
 // === impl Fnv1a ===
 
 impl Fnv1a {
@@ -56,14 +45,25 @@ impl Fnv1a {
     }
 }
 
-/// The digest of the endpoints whose workloads are `copied`, given in workload-name order: FNV-1a
-/// 64 over `name NUL identity NUL serverName NUL` for each, as 16 lowercase hex digits.
-pub(crate) fn identity_digest<'a>(copied: impl IntoIterator<Item = Copied<'a>>) -> String {
+/// What a consumer copies from one workload at slice time, hashed once when the workload is
+/// cached: 64-bit FNV-1a over `name NUL identity NUL serverName NUL`. A no-op pass over a
+/// thousand workloads then hashes eight bytes per endpoint, not every identity again
+/// (docs/benchmarks.md: the no-op pass has a 0.2 ms budget).
+pub(crate) fn workload_digest(name: &str, identity: &str, server_name: &str) -> u64 {
     let mut hash = Fnv1a::new();
-    for entry in copied {
-        hash.field(entry.name);
-        hash.field(entry.identity);
-        hash.field(entry.server_name);
+    hash.field(name);
+    hash.field(identity);
+    hash.field(server_name);
+    hash.0
+}
+
+/// The digest of a slice whose endpoints' workloads have these [`workload_digest`]s, given in
+/// workload-name order: 64-bit FNV-1a over each one's eight little-endian bytes, as 16 lowercase
+/// hex digits.
+pub(crate) fn identity_digest(workloads: impl IntoIterator<Item = u64>) -> String {
+    let mut hash = Fnv1a::new();
+    for workload in workloads {
+        hash.write(&workload.to_le_bytes());
     }
     format!("{:016x}", hash.0)
 }
@@ -72,12 +72,8 @@ pub(crate) fn identity_digest<'a>(copied: impl IntoIterator<Item = Copied<'a>>) 
 mod tests {
     use super::*;
 
-    fn copied<'a>(name: &'a str, identity: &'a str, server_name: &'a str) -> Copied<'a> {
-        Copied {
-            name,
-            identity,
-            server_name,
-        }
+    fn one(name: &str, identity: &str, server_name: &str) -> String {
+        identity_digest([workload_digest(name, identity, server_name)])
     }
 
     #[test]
@@ -89,25 +85,40 @@ mod tests {
         let mut a = Fnv1a::new();
         a.write(b"a");
         assert_eq!(a.0, 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(
+            identity_digest([]),
+            "cbf29ce484222325",
+            "the placeholder's digest"
+        );
     }
 
     #[test]
     fn digest_is_fixed_text_that_changes_with_each_copied_field() {
-        let base = identity_digest([copied("vm-1", "id-1", "sn-1")]);
+        let base = one("vm-1", "id-1", "sn-1");
         assert_eq!(base.len(), 16);
-        assert_eq!(base, identity_digest([copied("vm-1", "id-1", "sn-1")]));
-        for other in [
-            copied("vm-2", "id-1", "sn-1"),
-            copied("vm-1", "id-2", "sn-1"),
-            copied("vm-1", "id-1", "sn-2"),
+        assert_eq!(base, one("vm-1", "id-1", "sn-1"));
+        for (name, identity, server_name) in [
+            ("vm-2", "id-1", "sn-1"),
+            ("vm-1", "id-2", "sn-1"),
+            ("vm-1", "id-1", "sn-2"),
             // Field boundaries count.
-            copied("vm-1i", "d-1", "sn-1"),
+            ("vm-1i", "d-1", "sn-1"),
         ] {
-            assert_ne!(base, identity_digest([other]), "{other:?}");
+            assert_ne!(
+                base,
+                one(name, identity, server_name),
+                "{name} {identity} {server_name}"
+            );
         }
         // Two workloads swapping identities change it too.
-        let pair = identity_digest([copied("a", "x", "s"), copied("b", "y", "s")]);
-        let swapped = identity_digest([copied("a", "y", "s"), copied("b", "x", "s")]);
+        let pair = identity_digest([
+            workload_digest("a", "x", "s"),
+            workload_digest("b", "y", "s"),
+        ]);
+        let swapped = identity_digest([
+            workload_digest("a", "y", "s"),
+            workload_digest("b", "x", "s"),
+        ]);
         assert_ne!(pair, swapped);
     }
 }

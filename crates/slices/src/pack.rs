@@ -205,11 +205,11 @@ pub(crate) fn digest_of(wanted: &[Wanted<'_>], indices: &[usize]) -> String {
     // `wanted` is in name order, so index order is name order; slices we wrote are usually
     // already in it, and then nothing is allocated.
     if indices.is_sorted() {
-        return identity_digest(indices.iter().map(|&i| wanted[i].copied()));
+        return identity_digest(indices.iter().map(|&i| wanted[i].mesh_digest()));
     }
     let mut sorted = indices.to_vec();
     sorted.sort_unstable();
-    identity_digest(sorted.iter().map(|&i| wanted[i].copied()))
+    identity_digest(sorted.iter().map(|&i| wanted[i].mesh_digest()))
 }
 
 /// Whether `slice` carries the identity digest of the wanted endpoints at `indices`.
