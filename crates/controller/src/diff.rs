@@ -19,7 +19,7 @@ use k8s_openapi::{
 use kube::{Api, Client, ResourceExt, api::ListParams};
 use serde::Serialize;
 use serde_json::Value;
-use slices::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL};
+use slices::{IDENTITY_DIGEST_ANNOTATION, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL};
 
 use crate::cli::Settings;
 
@@ -52,7 +52,8 @@ pub struct Created {
 pub struct Updated {
     /// Its name.
     pub name: String,
-    /// The fields whose value changes (`endpoints`, `ports`, `metadata.labels`, ...).
+    /// The fields whose value changes (`endpoints`, `ports`, `metadata.labels`, ...;
+    /// `identity-digest` for the identity digest annotation, docs/slices.md).
     pub fields: Vec<String>,
 }
 
@@ -180,7 +181,9 @@ fn created(slice: &EndpointSlice) -> Created {
 }
 
 /// The fields of `planned` that differ from the slice as listed (the trigger-time annotation,
-/// which every write sets, aside).
+/// which every write sets, aside). The identity digest annotation is named on its own,
+/// `identity-digest`, not as `metadata.annotations`: it changes with the endpoints' workloads or
+/// identities, and is added once to slices written without it (Linkerd's).
 fn updated(current: Option<&EndpointSlice>, planned: &EndpointSlice) -> Updated {
     let name = planned.name_any();
     let Some(current) = current else {
@@ -196,6 +199,7 @@ fn updated(current: Option<&EndpointSlice>, planned: &EndpointSlice) -> Updated 
             .and_then(Value::as_object_mut)
         {
             annotations.remove(LAST_CHANGE_TRIGGER_TIME_ANNOTATION);
+            annotations.remove(IDENTITY_DIGEST_ANNOTATION);
             if annotations.is_empty() {
                 value["metadata"]
                     .as_object_mut()
@@ -210,6 +214,17 @@ fn updated(current: Option<&EndpointSlice>, planned: &EndpointSlice) -> Updated 
         .filter(|(_, pointer)| before.pointer(pointer) != after.pointer(pointer))
         .map(|(field, _)| (*field).to_string())
         .collect();
+    let digest = |slice: &EndpointSlice| {
+        slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(IDENTITY_DIGEST_ANNOTATION))
+            .cloned()
+    };
+    if digest(current) != digest(planned) {
+        fields.push("identity-digest".into());
+    }
     if fields.is_empty() {
         fields.push("(no compared field: only server-kept fields differ)".into());
     }

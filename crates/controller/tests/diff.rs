@@ -83,7 +83,7 @@ async fn diff_shows_only_pending_writes_and_writes_nothing() {
     assert_eq!(
         text(&pending.stdout),
         format!(
-            "{namespace}/web: 0 create(s), 1 update(s), 0 delete(s)\n  ~ update {slice}: endpoints\n"
+            "{namespace}/web: 0 create(s), 1 update(s), 0 delete(s)\n  ~ update {slice}: endpoints, identity-digest\n"
         )
     );
     let mut summary_args = scope.to_vec();

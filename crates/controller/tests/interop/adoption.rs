@@ -374,7 +374,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     // `external-endpoints diff` with Linkerd's managed-by value (the default) shows exactly the
     // writes the take-over below makes: one per differing Service, naming what differs.
     let diff = diff(testbed, &cluster.namespace).await;
-    let digest = || "metadata.annotations".to_string();
+    let digest = || "identity-digest".to_string();
     let expected: BTreeMap<String, (Vec<String>, Vec<usize>)> = [
         ("numeric", vec!["ports"]),
         ("draining", vec!["endpoints"]),
