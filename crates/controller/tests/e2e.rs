@@ -78,6 +78,153 @@ async fn slices_follow_services_and_workloads() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn deleting_the_last_workload_leaves_one_empty_placeholder_slice() {
+    // Issue 37: deleting the last slice made Linkerd's destination service look the deleted
+    // workload up, fail, and keep sending its address. The Service keeps its slice, emptied.
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "placeholder").await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    cluster.wait_converged().await;
+    let before = cluster.slices_of("web").await;
+    assert_eq!(before.len(), 1, "one slice for vm-1");
+
+    cluster.delete_workload("vm-1").await;
+    let placeholder = eventually("web's slice to be emptied", CONVERGE, || async {
+        match cluster.slices_of("web").await.as_slice() {
+            [slice] if slice.endpoints.as_deref().unwrap_or_default().is_empty() => {
+                Ok(slice.clone())
+            }
+            other => Err(format!("{other:#?}")),
+        }
+    })
+    .await;
+    cluster.wait_converged().await;
+    wait_idle(&replica).await;
+
+    assert_eq!(
+        placeholder.metadata.name, before[0].metadata.name,
+        "the same slice, updated in place"
+    );
+    assert_eq!(placeholder.ports.as_deref().unwrap_or_default(), []);
+    assert!(
+        placeholder
+            .annotations()
+            .contains_key(slices::IDENTITY_DIGEST_ANNOTATION)
+    );
+    let metrics = replica.metrics().await.unwrap();
+    assert_eq!(metrics.writes_of("Delete"), 0.0, "nothing deleted");
+    assert_eq!(
+        cluster.slices_of("web").await,
+        [placeholder],
+        "the placeholder stays"
+    );
+
+    // The Service stops being ours: the placeholder goes.
+    cluster.update_service(web().no_selector()).await;
+    eventually("the placeholder to be deleted", CONVERGE, || async {
+        match cluster.slices_of("web").await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} slices left")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_identity_change_rewrites_the_slice_digest_once() {
+    // Issue 37: Linkerd's destination service copies a workload's identity when it reads a
+    // slice; only a rewritten slice makes it read the new one.
+    let testbed = testbed::require!();
+    let _logs = testbed.log_guard();
+    let cluster = Cluster::new(testbed, "identity").await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
+    cluster.create_service(web()).await;
+    cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
+    cluster.apply_workload(vm("vm-2", "10.0.0.2")).await;
+    cluster.wait_converged().await;
+    wait_idle(&replica).await;
+    let digest = |slice: &k8s_openapi::api::discovery::v1::EndpointSlice| {
+        slice
+            .annotations()
+            .get(slices::IDENTITY_DIGEST_ANNOTATION)
+            .cloned()
+    };
+    let before = cluster.slices_of("web").await;
+    assert_eq!(before.len(), 1);
+    let metrics = replica.metrics().await.unwrap();
+    let (writes_before, updates_before) = (metrics.writes(), metrics.writes_of("Update"));
+
+    cluster
+        .apply_workload(vm("vm-1", "10.0.0.1").identity("vm-1.rotated.identity.linkerd.local"))
+        .await;
+    let after = eventually("the digest to change", CONVERGE, || async {
+        let slices = cluster.slices_of("web").await;
+        match slices.as_slice() {
+            [slice] if digest(slice) != digest(&before[0]) => Ok(slice.clone()),
+            other => Err(format!("{other:#?}")),
+        }
+    })
+    .await;
+    cluster.wait_converged().await;
+    wait_idle(&replica).await;
+
+    assert!(digest(&after).is_some());
+    assert_eq!(
+        after.endpoints, before[0].endpoints,
+        "the endpoints did not change"
+    );
+    let metrics = replica.metrics().await.unwrap();
+    assert_eq!(metrics.writes() - writes_before, 1.0, "exactly one write");
+    assert_eq!(
+        metrics.writes_of("Update") - updates_before,
+        1.0,
+        "an update"
+    );
+
+    // A pass with nothing a consumer copies changed writes nothing: every workload is ready, so
+    // publishNotReadyAddresses changes the cached Service (a new pass) but no endpoint.
+    let reconciles = metrics.reconciles();
+    cluster.update_service(web().publish_not_ready()).await;
+    eventually("the Service to be reconciled again", CONVERGE, || async {
+        let now = replica.metrics().await?;
+        if now.reconciles() > reconciles && now.queue_depth() == 0.0 && now.in_flight() == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{} reconciles", now.reconciles()))
+        }
+    })
+    .await;
+    assert_eq!(
+        replica.metrics().await.unwrap().writes() - writes_before,
+        1.0,
+        "no further write"
+    );
+    assert_eq!(cluster.slices_of("web").await, [after]);
+}
+
+/// Waits until `replica` has nothing queued or in flight.
+async fn wait_idle(replica: &Replica) {
+    eventually("the queue to be idle", CONVERGE, || async {
+        let metrics = replica.metrics().await?;
+        if metrics.queue_depth() == 0.0 && metrics.in_flight() == 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "depth {}, in flight {}",
+                metrics.queue_depth(),
+                metrics.in_flight()
+            ))
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn reacquired_leader_recreates_slices_deleted_while_following() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();

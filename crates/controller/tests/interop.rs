@@ -486,7 +486,7 @@ async fn network_cuts_of_either_side_never_give_two_leaders() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn adopting_linkerd_slices_writes_nothing_for_correct_ones_and_fixes_only_differences() {
+async fn adopting_linkerd_slices_adds_only_the_digest_to_correct_ones_and_fixes_only_differences() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
     adoption::run(testbed).await;

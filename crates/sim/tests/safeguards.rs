@@ -3,11 +3,10 @@
 //! bounded number of seeds. The seed and the check it
 //! breaks are printed (docs/benchmarks.md keeps the table).
 //!
-//! The drain before release and version-fenced deletes are found out by the faults that strike
-//! with a slice write on the wire (`Options::during_write`): a graceful stop while a write is held
-//! (without the drain, the Lease is released first, and the write lands in the next holder's
-//! term), and a pause that holds a write until the Lease has moved (without a version on the
-//! delete, it removes a slice the next holder has rewritten since).
+//! The drain before release is found out by the faults that strike with a slice write on the
+//! wire (`Options::during_write`): a graceful stop while a write is held (without the drain, the
+//! Lease is released first, and the write lands in the next holder's term). Version-fenced
+//! deletes are shown by a scripted scenario instead (see below).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use sim::{
@@ -94,12 +93,13 @@ fn without_the_drain_before_release() {
     finds_a_violation_without(Safeguard::Drain);
 }
 
-#[test]
-fn without_version_fenced_deletes() {
-    // First found at seed 588 since a restarted replica no longer takes its own Lease at once
-    // (it was 198).
-    finds_a_violation_within(Safeguard::VersionFencedDeletes, 800);
-}
+// Version-fenced deletes (`Safeguard::VersionFencedDeletes`) are shown by the scripted scenario
+// `without_version_fenced_deletes_a_changed_slice_is_deleted` (tests/scenarios). The seeded
+// sweep no longer finds them out: since issue 37 a selecting Service keeps its last slice of a
+// family as an empty placeholder instead of deleting it, so the planner deletes a slice only when
+// the Service stops selecting (its selector removed, or ExternalName), a family or port group
+// goes, or packing compacts; the schedules never remove a selector, and with the safeguard off
+// 4,000 seeds found no violation (it was first found at seed 588 before).
 
 /// Clause 3 (additions follow from a view at least as new as what they follow from) guards
 /// against one watch running behind another. Before the simulation lagged one kind of a

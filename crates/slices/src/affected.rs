@@ -17,7 +17,8 @@ pub fn for_service(service: &CachedService) -> ServiceKey {
 ///
 /// Add or delete: the Services of its namespace that select it. Update: the Services selecting
 /// the old or the new version, but only when something the slices show changed (IP set, ports,
-/// readiness, deletionTimestamp, labels; a zone-only label change counts); else none.
+/// readiness, deletionTimestamp, labels, mesh identity or server name; a zone-only label change
+/// counts); else none.
 pub fn for_workload<'a>(
     old: Option<&CachedWorkload>,
     new: Option<&CachedWorkload>,
@@ -80,4 +81,7 @@ fn slice_relevant_change(old: &CachedWorkload, new: &CachedWorkload) -> bool {
         || old.ports != new.ports
         || ips(old) != ips(new)
         || old.uid != new.uid
+        // Copied by consumers at slice time; the slices' identity digest covers them (issue 37).
+        || old.identity != new.identity
+        || old.server_name != new.server_name
 }

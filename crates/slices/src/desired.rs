@@ -65,6 +65,9 @@ pub(crate) struct Wanted<'a> {
     ready: bool,
     serving: bool,
     terminating: bool,
+    /// What a consumer copies from the workload besides the endpoint, hashed (the slice's
+    /// identity digest).
+    mesh_digest: u64,
 }
 
 /// A workload's addresses of one family, in order, without duplicates. The first is held
@@ -324,6 +327,7 @@ fn wanted<'a>(
         ready,
         serving,
         terminating,
+        mesh_digest: workload.mesh_digest(),
     }
 }
 
@@ -401,6 +405,11 @@ impl Wanted<'_> {
             && endpoint.zone_hint == self.zone_hint
             && target.name.as_deref() == Some(self.name)
             && target.uid.as_ref() == self.uid
+    }
+
+    /// What a consumer copies from this endpoint's workload at slice time, hashed.
+    pub(crate) fn mesh_digest(&self) -> u64 {
+        self.mesh_digest
     }
 
     fn conditions(&self) -> EndpointConditions {

@@ -23,6 +23,10 @@
 //! - a value that cannot be sent to the API (a non-IP address, an unresolvable named port) is left
 //!   out for that workload and reported as a [`Diagnostic`], never sent: one bad workload does not
 //!   make the API reject a whole slice;
+//! - a Service that selected workloads keeps one empty slice per address family when its last
+//!   endpoint of that family leaves (a placeholder, never created from nothing), and each slice
+//!   carries a digest of its endpoints' mesh identities ([`IDENTITY_DIGEST_ANNOTATION`]), so
+//!   consumers that copy them at slice time see every change (issue 37);
 //! - a [`Tracker`] (one per leadership term) recognises our writes when they come back through
 //!   the watch, and remembers the Services whose last write had an unknown outcome.
 #![deny(missing_docs)]
@@ -31,6 +35,7 @@ pub mod affected;
 mod config;
 mod desired;
 mod diagnostic;
+mod digest;
 mod labels;
 mod model;
 mod pack;
@@ -47,6 +52,7 @@ pub use config::{
 };
 pub use desired::Family;
 pub use diagnostic::{Diagnostic, Problem, ProblemKind};
+pub use digest::IDENTITY_DIGEST_ANNOTATION;
 pub use labels::{
     HEADLESS_LABEL, LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MANAGED_BY_LABEL, SERVICE_NAME_LABEL,
     selects,

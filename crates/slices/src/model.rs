@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::desired::Family;
+use crate::digest::workload_digest;
 use crate::text::{Intern, Labels, NoIntern, Text, Token};
 
 /// A Service as the planner reads it.
@@ -117,6 +118,14 @@ pub struct CachedWorkload {
     pub ready: bool,
     /// deletionTimestamp is set.
     pub deleting: bool,
+    /// `spec.meshTLS.identity`: a consumer (Linkerd's destination service) copies it when it reads
+    /// a slice holding this workload, so the slice's identity digest covers it (issue 37).
+    pub identity: Text,
+    /// `spec.meshTLS.serverName`, copied and covered like [`CachedWorkload::identity`].
+    pub server_name: Text,
+    /// Name, identity and server name hashed once, for the slices' identity digest (set by
+    /// [`CachedWorkload::new`]).
+    mesh_digest: u64,
 }
 
 /// One `workloadIPs[].ip`.
@@ -427,6 +436,8 @@ impl CachedWorkload {
     /// The cached form of `workload`.
     pub fn new(workload: &ExternalWorkload, intern: &impl Intern) -> Self {
         let (name, namespace) = identity(&workload.metadata, intern);
+        let mesh = &workload.spec.mesh_tls;
+        let mesh_digest = workload_digest(&name, &mesh.identity, &mesh.server_name);
         let addresses = workload
             .spec
             .workload_ips
@@ -456,7 +467,18 @@ impl CachedWorkload {
             ports,
             ready: workload.is_ready(),
             deleting: workload.metadata.deletion_timestamp.is_some(),
+            mesh_digest,
+            // Not interned: identities are nearly always one per workload, so an intern table
+            // would only hold each once more.
+            identity: Text::from(workload.spec.mesh_tls.identity.as_str()),
+            server_name: Text::from(workload.spec.mesh_tls.server_name.as_str()),
         }
+    }
+
+    /// What consumers copy from this workload at slice time, hashed (docs/slices.md, "Identity
+    /// digest").
+    pub(crate) fn mesh_digest(&self) -> u64 {
+        self.mesh_digest
     }
 
     /// The workload's zone, from the `topology.kubernetes.io/zone` label.

@@ -3,11 +3,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::Config;
-use crate::desired::{GroupKey, WORKLOAD_KIND, Wanted, endpoint_ports};
+use crate::desired::{GroupKey, WORKLOAD_KIND, Wanted, endpoint_ports, port_keys};
+use crate::digest::{IDENTITY_DIGEST_ANNOTATION, identity_digest};
 use crate::labels::{
     LAST_CHANGE_TRIGGER_TIME_ANNOTATION, labels_match, owner_reference, slice_labels,
 };
@@ -41,6 +42,16 @@ struct Kept<'s> {
 impl SliceContext<'_> {
     fn labels_match(&self, slice: &CachedSlice) -> bool {
         labels_match(&slice.labels, self.service, self.config)
+    }
+
+    /// Whether `slice` is exactly the placeholder of its family: no endpoints, no ports, our
+    /// labels, the digest of no endpoints (docs/slices.md, "Packing", step 4).
+    pub(crate) fn is_placeholder(&self, slice: &CachedSlice) -> bool {
+        slice.endpoints.is_empty()
+            && slice.ports.is_empty()
+            && self.labels_match(slice)
+            && slice.annotations.get(IDENTITY_DIGEST_ANNOTATION)
+                == Some(identity_digest([]).as_str())
     }
 
     fn trigger_annotation(&self) -> (String, String) {
@@ -120,7 +131,7 @@ pub(crate) fn pack<'s>(
             base: slice,
             endpoints: kept,
         };
-        if changed || !ctx.labels_match(slice) {
+        if changed || !ctx.labels_match(slice) || !digest_matches(slice, wanted, &kept.endpoints) {
             updated.push(kept);
         } else {
             unchanged.push(kept);
@@ -166,7 +177,10 @@ pub(crate) fn pack<'s>(
             let rest: Vec<usize> = remaining.drain(..).collect();
             for chunk in rest.chunks(ctx.max) {
                 let endpoints = chunk.iter().map(|&i| wanted[i].to_endpoint()).collect();
-                packed.creates.push(new_slice(group, endpoints, ctx));
+                let digest = digest_of(wanted, chunk);
+                packed
+                    .creates
+                    .push(new_slice(group, endpoints, digest, ctx));
             }
         }
     }
@@ -179,16 +193,35 @@ pub(crate) fn pack<'s>(
                 .iter()
                 .map(|&i| wanted[i].to_endpoint())
                 .collect();
-            rewrite(kept.base, group, endpoints, ctx)
+            let digest = digest_of(wanted, &kept.endpoints);
+            rewrite(kept.base, group, endpoints, digest, ctx)
         })
         .collect();
     packed
 }
 
-/// A new slice of `group` holding `endpoints`.
+/// The identity digest of the wanted endpoints at `indices` (in any order).
+pub(crate) fn digest_of(wanted: &[Wanted<'_>], indices: &[usize]) -> String {
+    // `wanted` is in name order, so index order is name order; slices we wrote are usually
+    // already in it, and then nothing is allocated.
+    if indices.is_sorted() {
+        return identity_digest(indices.iter().map(|&i| wanted[i].mesh_digest()));
+    }
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
+    identity_digest(sorted.iter().map(|&i| wanted[i].mesh_digest()))
+}
+
+/// Whether `slice` carries the identity digest of the wanted endpoints at `indices`.
+fn digest_matches(slice: &CachedSlice, wanted: &[Wanted<'_>], indices: &[usize]) -> bool {
+    slice.annotations.get(IDENTITY_DIGEST_ANNOTATION) == Some(digest_of(wanted, indices).as_str())
+}
+
+/// A new slice of `group` holding `endpoints`, whose identity digest is `digest`.
 pub(crate) fn new_slice(
     group: &GroupKey,
     endpoints: Vec<Endpoint>,
+    digest: String,
     ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
     let service_name = &*ctx.service.name;
@@ -199,7 +232,10 @@ pub(crate) fn new_slice(
             generate_name: Some(format!("{}{service_name}-", ctx.config.name_prefix())),
             namespace: Some(ctx.namespace.to_owned()),
             labels: Some(slice_labels(ctx.service, ctx.config)),
-            annotations: Some(BTreeMap::from([ctx.trigger_annotation()])),
+            annotations: Some(BTreeMap::from([
+                ctx.trigger_annotation(),
+                (IDENTITY_DIGEST_ANNOTATION.to_owned(), digest),
+            ])),
             owner_references: Some(vec![owner_reference(ctx.service)]),
             ..ObjectMeta::default()
         },
@@ -208,11 +244,12 @@ pub(crate) fn new_slice(
 }
 
 /// `base` (keeping name, resourceVersion and fields others set) rewritten to hold `endpoints`
-/// of `group` with the Service's labels.
+/// of `group`, whose identity digest is `digest`, with the Service's labels.
 pub(crate) fn rewrite(
     base: &CachedSlice,
     group: &GroupKey,
     endpoints: Vec<Endpoint>,
+    digest: String,
     ctx: &SliceContext<'_>,
 ) -> EndpointSlice {
     // Only the metadata is built: the old endpoints are replaced. managedFields are not cached,
@@ -220,14 +257,40 @@ pub(crate) fn rewrite(
     let mut metadata = base.metadata();
     metadata.labels = Some(slice_labels(ctx.service, ctx.config));
     let (key, value) = ctx.trigger_annotation();
-    metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(key, value);
+    let annotations = metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(key, value);
+    annotations.insert(IDENTITY_DIGEST_ANNOTATION.to_owned(), digest);
     EndpointSlice {
         address_type: base.address_type.to_string(),
         endpoints: Some(endpoints),
         metadata,
-        ports: Some(endpoint_ports(&group.ports)),
+        ports: kept_ports(base, group),
     }
+}
+
+/// The ports an update of `base` writes: the slice's own list, in its own order, when it is
+/// already the group's (as a set, and with nothing we never write, like `appProtocol`); else the
+/// group's. A rewrite made for another reason (an identity digest added to a slice Linkerd wrote
+/// in the Service's port order, say) then changes nothing a reader of the ports sees; a slice
+/// without ports keeps having none (absent, not an empty list, as the API server returns it).
+fn kept_ports(base: &CachedSlice, group: &GroupKey) -> Option<Vec<EndpointPort>> {
+    let own = base.ports.iter().all(|p| p.app_protocol.is_none())
+        && port_keys(&base.ports) == group.ports;
+    if !own {
+        return Some(endpoint_ports(&group.ports));
+    }
+    if base.ports.is_empty() {
+        return None;
+    }
+    let ports = base
+        .ports
+        .iter()
+        .map(|p| EndpointPort {
+            name: p.name.as_ref().map(|n| n.to_string()),
+            port: p.port,
+            protocol: p.protocol.as_ref().map(|n| n.to_string()),
+            app_protocol: None,
+        })
+        .collect();
+    Some(ports)
 }

@@ -8,6 +8,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::desired::{Family, GroupKey, desired, port_keys};
+use crate::digest::{IDENTITY_DIGEST_ANNOTATION, identity_digest};
 use crate::labels::{SERVICE_NAME_LABEL, active_selector, is_managed, is_owned_by};
 use crate::model::{CachedService, CachedSlice, CachedSlicePort, CachedWorkload};
 use crate::pack::{SliceContext, pack, rewrite};
@@ -161,6 +162,19 @@ pub fn plan_cached(
         }
     }
 
+    // Owned slices per family, before packing: the placeholder rule below asks whether any survive.
+    let owned = |family: Family| -> usize {
+        existing_groups
+            .iter()
+            .filter(|(key, _)| key.family == family)
+            .map(|(_, slices)| slices.len())
+            .sum()
+    };
+    let owned = [
+        (Family::V4, owned(Family::V4)),
+        (Family::V6, owned(Family::V6)),
+    ];
+
     // Steps 1 to 4, group by group; a group no longer desired packs nothing and deletes all.
     for (key, wanted) in &desired.groups {
         let slices = existing_groups.remove(key).unwrap_or_default();
@@ -189,6 +203,25 @@ pub fn plan_cached(
         }
     }
     plan.creates = creates;
+
+    // Step 4's exception: a family whose every slice would go keeps one, empty (issue 37).
+    for (family, owned) in owned {
+        let left = recyclable.iter().filter(|s| is_family(s, family)).count();
+        if owned == 0 || left < owned {
+            // Never created from nothing; or some slice of the family stays anyway.
+            continue;
+        }
+        let index = recyclable
+            .iter()
+            .position(|s| is_family(s, family) && ctx.is_placeholder(s))
+            .or_else(|| recyclable.iter().position(|s| is_family(s, family)));
+        if let Some(index) = index {
+            let base = recyclable.remove(index);
+            if !ctx.is_placeholder(base) {
+                plan.updates.push(placeholder(base, family, &ctx));
+            }
+        }
+    }
     deletes.extend(recyclable);
     plan.deletes = deletes.into_iter().map(CachedSlice::to_slice).collect();
 
@@ -247,7 +280,35 @@ fn recycle(base: &CachedSlice, create: EndpointSlice, ctx: &SliceContext<'_>) ->
         family: Family::parse(&create.address_type).unwrap_or(Family::V4),
         ports: written_port_keys(&create),
     };
-    rewrite(base, &group, create.endpoints.unwrap_or_default(), ctx)
+    let digest = create
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(IDENTITY_DIGEST_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| identity_digest([]));
+    rewrite(
+        base,
+        &group,
+        create.endpoints.unwrap_or_default(),
+        digest,
+        ctx,
+    )
+}
+
+/// `base` rewritten as the placeholder of `family`: no endpoints, no ports (as upstream's
+/// placeholder), the digest of no endpoints.
+fn placeholder(base: &CachedSlice, family: Family, ctx: &SliceContext<'_>) -> EndpointSlice {
+    let group = GroupKey {
+        family,
+        ports: Vec::new(),
+    };
+    rewrite(base, &group, Vec::new(), identity_digest([]), ctx)
+}
+
+/// Whether `slice` holds addresses of `family`.
+fn is_family(slice: &CachedSlice, family: Family) -> bool {
+    Family::parse(&slice.address_type) == Some(family)
 }
 
 /// Deterministic output: updates and deletes by name, creates by family, ports, first endpoint.

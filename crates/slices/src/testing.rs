@@ -292,6 +292,18 @@ impl Workload {
         self
     }
 
+    /// With this mesh identity (`spec.meshTLS.identity`).
+    pub fn identity(mut self, identity: &str) -> Self {
+        self.0.spec.mesh_tls.identity = identity.to_owned();
+        self
+    }
+
+    /// With this mesh server name (`spec.meshTLS.serverName`).
+    pub fn server_name(mut self, server_name: &str) -> Self {
+        self.0.spec.mesh_tls.server_name = server_name.to_owned();
+        self
+    }
+
     /// With a TCP port; `name` empty for unnamed.
     pub fn port(self, name: &str, port: i32) -> Self {
         self.port_with_protocol(name, port, None)

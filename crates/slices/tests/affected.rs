@@ -184,10 +184,29 @@ fn workload_update_table() {
 }
 
 #[test]
-fn workload_update_of_mesh_identity_only_gives_nothing() {
+fn workload_update_of_mesh_identity_or_server_name_gives_the_selecting_services() {
+    // Consumers copy both at slice time; the slices' identity digest covers them (issue 37).
+    let old = vm().build();
+    let mut identity = old.clone();
+    identity.spec.mesh_tls.identity = "other".into();
+    identity.metadata.resource_version = Some("2".into());
+    let mut server_name = old.clone();
+    server_name.spec.mesh_tls.server_name = "other".into();
+    server_name.metadata.resource_version = Some("2".into());
+    for new in [identity, server_name] {
+        assert_eq!(
+            for_workload(Some(&workload(&old)), Some(&workload(&new)), &services()),
+            keys(&["all-web", "web"]),
+            "{:?}",
+            new.spec.mesh_tls
+        );
+    }
+}
+
+#[test]
+fn workload_update_of_resource_version_only_gives_nothing() {
     let old = vm().build();
     let mut new = old.clone();
-    new.spec.mesh_tls.identity = "other".into();
     new.metadata.resource_version = Some("2".into());
     assert!(for_workload(Some(&workload(&old)), Some(&workload(&new)), &services()).is_empty());
 }

@@ -186,11 +186,11 @@ fn packing_rules() {
             ],
         ),
         Case::new(
-            "step4_no_empty_placeholder_slice_when_nothing_is_selected",
+            "step4_no_placeholder_for_a_service_that_never_selected_a_workload",
             web(),
             vec![],
             |p, _| {
-                ensure!(p.is_empty(), "no placeholder");
+                ensure!(p.is_empty(), "no placeholder from nothing");
                 Ok(())
             },
         ),

@@ -2,7 +2,8 @@
 //! result is empty; every desired endpoint appears exactly once; no slice over the maximum;
 //! the plan does not depend on input order; inputs are never mutated; every endpoint carries
 //! exactly the topology hint its Service's `trafficDistribution` asks for (none stale), and no
-//! hint names a zone no endpoint of its slice is in.
+//! hint names a zone no endpoint of its slice is in; an identity change rewrites exactly the
+//! slices holding that workload; the only empty slices are placeholders (issue 37).
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic on broken fixtures
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,8 @@ struct WorkloadShape {
     ready: bool,
     terminating: bool,
     zone: Option<&'static str>,
+    /// A mesh identity other than the name-derived default (a rotation).
+    identity: Option<&'static str>,
 }
 
 const IPS: &[&str] = &[
@@ -48,16 +51,20 @@ fn workload_shape() -> impl Strategy<Value = WorkloadShape> {
         any::<bool>(),
         prop::bool::weighted(0.2),
         prop::option::of(prop::sample::select(&["z1", "z2"][..])),
+        prop::option::weighted(0.2, prop::sample::select(&["rotated-1", "rotated-2"][..])),
     )
         .prop_map(
-            |(selected, other_namespace, ips, ports, ready, terminating, zone)| WorkloadShape {
-                selected,
-                other_namespace,
-                ips,
-                ports,
-                ready,
-                terminating,
-                zone,
+            |(selected, other_namespace, ips, ports, ready, terminating, zone, identity)| {
+                WorkloadShape {
+                    selected,
+                    other_namespace,
+                    ips,
+                    ports,
+                    ready,
+                    terminating,
+                    zone,
+                    identity,
+                }
             },
         )
 }
@@ -84,6 +91,9 @@ fn build(index: usize, shape: &WorkloadShape) -> ExternalWorkload {
     }
     if let Some(zone) = shape.zone {
         w = w.zone(zone);
+    }
+    if let Some(identity) = shape.identity {
+        w = w.identity(identity);
     }
     w.build()
 }
@@ -307,7 +317,67 @@ proptest! {
         let plan = run_plan(&service, &workloads, &existing, &config);
         for slice in plan.creates.iter().chain(&plan.updates) {
             let len = slice.endpoints.as_ref().map_or(0, Vec::len);
-            prop_assert!((1..=max).contains(&len), "slice with {} endpoints, max {}", len, max);
+            prop_assert!(len <= max, "slice with {} endpoints, max {}", len, max);
+        }
+    }
+
+    #[test]
+    fn an_identity_change_rewrites_exactly_the_slices_holding_that_workload(
+        (service, workloads, _, max) in scenario(),
+        rotated in prop::collection::vec(any::<bool>(), 0..30),
+    ) {
+        let config = config(max);
+        let mut store = SliceStore::default();
+        store.apply(&run_plan(&service, &workloads, &[], &config));
+        let current: Vec<EndpointSlice> = store.slices().into_iter().cloned().collect();
+        let mut changed = BTreeSet::new();
+        let mut now = workloads.clone();
+        for (workload, rotate) in now.iter_mut().zip(rotated) {
+            if rotate {
+                workload.spec.mesh_tls.identity.push_str(".next");
+                changed.insert(workload.metadata.name.clone().unwrap());
+            }
+        }
+        let plan = run_plan(&service, &now, &current, &config);
+        let holding: BTreeSet<String> = current
+            .iter()
+            .filter(|s| {
+                s.endpoints.iter().flatten().any(|e| {
+                    e.target_ref.as_ref().and_then(|t| t.name.as_ref()).is_some_and(|n| changed.contains(n))
+                })
+            })
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        let updated: BTreeSet<String> =
+            plan.updates.iter().filter_map(|s| s.metadata.name.clone()).collect();
+        prop_assert!(plan.creates.is_empty() && plan.deletes.is_empty(), "{:#?}", plan);
+        prop_assert_eq!(updated, holding);
+        for update in &plan.updates {
+            let before = current.iter().find(|s| s.metadata.name == update.metadata.name).unwrap();
+            prop_assert_eq!(&update.endpoints, &before.endpoints, "endpoints unchanged");
+        }
+    }
+
+    #[test]
+    fn the_only_empty_slices_are_placeholders_kept_from_existing_ones((service, workloads, existing, max) in scenario()) {
+        // docs/slices.md, "Packing", step 4: never created from nothing, at most one per family,
+        // and only in a family with no endpoint.
+        let config = config(max);
+        let plan = run_plan(&service, &workloads, &existing, &config);
+        let empty = |slice: &EndpointSlice| slice.endpoints.as_deref().unwrap_or_default().is_empty();
+        prop_assert!(!plan.creates.iter().any(empty), "an empty slice created: {:#?}", plan.creates);
+        let mut store = SliceStore::with(existing);
+        store.apply(&plan);
+        let ours: Vec<&EndpointSlice> = store
+            .slices()
+            .into_iter()
+            .filter(|s| s.metadata.owner_references.iter().flatten().any(|o| o.uid == "uid-svc-web"))
+            .collect();
+        for slice in ours.iter().copied().filter(|s| empty(s)) {
+            let family: Vec<&&EndpointSlice> =
+                ours.iter().filter(|s| s.address_type == slice.address_type).collect();
+            prop_assert_eq!(family.len(), 1, "an empty slice beside others of its family");
+            prop_assert!(slice.ports.as_deref().unwrap_or_default().is_empty(), "placeholder with ports");
         }
     }
 

@@ -10,12 +10,25 @@ fn key() -> ServiceKey {
     ServiceKey::new("default", "web")
 }
 
-/// Applies a first plan for one workload, recording each response in `tracker`.
+/// Applies a plan for one workload per address, recording each response in `tracker`.
 fn write_slices(tracker: &mut Tracker, store: &mut SliceStore, ips: &[&str]) -> Vec<EndpointSlice> {
-    let service = Svc::named("web")
-        .selector("app", "web")
-        .port("http", 80, 8080)
-        .build();
+    let service = Svc::named("web").selector("app", "web");
+    apply_plan(tracker, store, service, ips)
+}
+
+/// Applies the plan of a Service that lost its selector: its slices are deleted (with no
+/// workloads left they would stay as a placeholder, docs/slices.md).
+fn delete_slices(tracker: &mut Tracker, store: &mut SliceStore) -> Vec<EndpointSlice> {
+    apply_plan(tracker, store, Svc::named("web"), &[])
+}
+
+fn apply_plan(
+    tracker: &mut Tracker,
+    store: &mut SliceStore,
+    service: Svc,
+    ips: &[&str],
+) -> Vec<EndpointSlice> {
+    let service = service.port("http", 80, 8080).build();
     let workloads: Vec<_> = ips
         .iter()
         .enumerate()
@@ -83,7 +96,7 @@ fn only_our_deletes_are_expected() {
         !tracker.is_expected_delete(&CachedSlice::from(&created[0])),
         "we did not delete it (yet)"
     );
-    write_slices(&mut tracker, &mut store, &[]);
+    delete_slices(&mut tracker, &mut store);
     assert!(tracker.is_expected_delete(&CachedSlice::from(&created[0])));
 }
 

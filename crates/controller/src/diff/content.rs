@@ -8,7 +8,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use kube::ResourceExt;
 use serde::Serialize;
 use serde_json::Value;
-use slices::LAST_CHANGE_TRIGGER_TIME_ANNOTATION;
+use slices::{IDENTITY_DIGEST_ANNOTATION, LAST_CHANGE_TRIGGER_TIME_ANNOTATION};
 
 /// The writes planned for one Service.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -148,6 +148,20 @@ impl SliceDiff {
             .filter(|(_, pointer)| before.pointer(pointer) != after.pointer(pointer))
             .map(|(field, _)| (*field).to_string())
             .collect();
+        let digest = |s: Option<&EndpointSlice>| {
+            s.and_then(|s| s.metadata.annotations.as_ref())
+                .and_then(|annotations| annotations.get(IDENTITY_DIGEST_ANNOTATION))
+                .map(|digest| Value::String(digest.clone()))
+        };
+        let mut other = other_changes(&before, &after);
+        if live.is_some() && planned.is_some() && digest(live) != digest(planned) {
+            fields.push("identity-digest".into());
+            other.push(FieldChange {
+                field: "identity-digest".into(),
+                before: digest(live),
+                after: digest(planned),
+            });
+        }
         if fields.is_empty() {
             fields.push("(no compared field: only server-kept fields differ)".into());
         }
@@ -158,7 +172,7 @@ impl SliceDiff {
             fields,
             endpoints: Changes::between(endpoints(live), endpoints(planned), endpoint_key),
             ports: Changes::between(ports(live), ports(planned), port_key),
-            other: other_changes(&before, &after),
+            other,
         }
     }
 
@@ -335,6 +349,9 @@ fn comparable(slice: Option<&EndpointSlice>) -> Value {
         .and_then(Value::as_object_mut)
     {
         annotations.remove(LAST_CHANGE_TRIGGER_TIME_ANNOTATION);
+        // Named on its own, `identity-digest` (docs/slices.md): it changes with the endpoints'
+        // workloads or identities, and is added once to slices written without it (Linkerd's).
+        annotations.remove(IDENTITY_DIGEST_ANNOTATION);
         if annotations.is_empty() {
             value["metadata"]
                 .as_object_mut()

@@ -1,7 +1,9 @@
 //! Adoption: slices exactly as Linkerd's controller writes them (`linkerd.rs`) for several
-//! Services; our replica takes over with Linkerd's managed-by value and writes nothing for the
-//! slices that already say what ours would, and changes only what differs for the others, one
-//! Service per difference named in docs/operations.md.
+//! Services; our replica takes over with Linkerd's managed-by value. Slices that already say what
+//! ours would get one write each, adding only the identity digest annotation (Linkerd writes
+//! none; without it ours could not tell when a workload's identity changes, issue 37); the
+//! others change only what differs, one Service per difference named in docs/operations.md,
+//! the digest added in the same write.
 
 use std::collections::BTreeMap;
 
@@ -372,6 +374,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     // `external-endpoints diff` with Linkerd's managed-by value (the default) shows exactly the
     // writes the take-over below makes: one per differing Service, naming what differs.
     let diff = diff(testbed, &cluster.namespace).await;
+    let digest = || "identity-digest".to_string();
     let expected: BTreeMap<String, (Vec<String>, Vec<usize>)> = [
         ("numeric", vec!["ports"]),
         ("draining", vec!["endpoints"]),
@@ -382,12 +385,21 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     ]
     .into_iter()
     .map(|(service, fields)| {
-        let fields = fields.into_iter().map(String::from).collect();
+        let mut fields: Vec<String> = fields.into_iter().map(String::from).collect();
+        fields.push(digest());
         (
             format!("{}/{service}", cluster.namespace),
             (fields, vec![0, 1, 0]),
         )
     })
+    .chain(SAME.iter().map(|service| {
+        // Only the digest, once per slice.
+        let slices = versions_of(&before, service).len();
+        (
+            format!("{}/{service}", cluster.namespace),
+            (vec![digest(); slices], vec![0, slices, 0]),
+        )
+    }))
     .chain([(
         format!("{}/unselected", cluster.namespace),
         (Vec::new(), vec![0, 0, 1]),
@@ -426,12 +438,40 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     .await;
     let after = slices_by_name(&cluster).await;
 
+    let mut same_slices = 0.0;
     for service in SAME {
-        assert_eq!(
-            versions_of(&after, service),
-            versions_of(&before, service),
-            "{service}: Linkerd's slices are what ours would write; nothing may be written"
-        );
+        for name in versions_of(&before, service).into_keys() {
+            same_slices += 1.0;
+            let (was, now) = (&before[&name], &after[&name]);
+            assert_eq!(
+                (
+                    &now.endpoints,
+                    &now.ports,
+                    now.labels(),
+                    now.owner_references()
+                ),
+                (
+                    &was.endpoints,
+                    &was.ports,
+                    was.labels(),
+                    was.owner_references()
+                ),
+                "{service}: Linkerd's slice {name} is what ours would write"
+            );
+            let mut added = now.annotations().clone();
+            for key in was.annotations().keys() {
+                added.remove(key);
+            }
+            let added: Vec<&str> = added.keys().map(String::as_str).collect();
+            assert_eq!(
+                added,
+                [
+                    slices::LAST_CHANGE_TRIGGER_TIME_ANNOTATION,
+                    slices::IDENTITY_DIGEST_ANNOTATION
+                ],
+                "{service}: only the digest (and the trigger time of the write) added to {name}"
+            );
+        }
     }
     let writes = |operation: &'static str| {
         let replica = &ours.replica;
@@ -448,8 +488,8 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     assert_eq!(writes("Create").await, 0.0, "no slice created");
     assert_eq!(
         writes("Update").await,
-        6.0,
-        "one update per differing Service"
+        6.0 + same_slices,
+        "one update per differing Service, and one per correct slice (the digest)"
     );
     assert_eq!(
         writes("Delete").await,
