@@ -21,14 +21,22 @@ if [[ "${1:-}" != --inner ]]; then
   NS=ee36-$$
   echo "probe: folder $D, network namespace $NS" >&2
   ip netns add "$NS"
-  cleanup() { ip netns del "$NS" 2>/dev/null || true; [[ "${KEEP:-}" == 1 ]] || rm -rf "$D"; }
+  CG=ee36-$$   # the kubelet's --cgroup-root, in every cgroup v1 hierarchy
+  cleanup() {
+    ip netns del "$NS" 2>/dev/null || true
+    # Cgroups outlive their processes: remove the tree, deepest first.
+    find /sys/fs/cgroup/*/"$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [[ "${KEEP:-}" == 1 ]] || rm -rf "$D"
+  }
   [[ "${1:-}" == --keep ]] && KEEP=1
   trap cleanup EXIT
   rc=0
+  # `ip netns exec` mounts a fresh /sys, without /sys/fs/cgroup: the inner script mounts these again.
+  cgmounts=$(awk '$3 == "cgroup" || $3 == "cgroup2" {print $2, $3, $4}' /proc/mounts)
   # PID namespace: when the inner script (its PID 1) exits, the kernel kills every process left
   # in it, shims included. Mount namespace: every mount made inside goes with it.
   ip netns exec "$NS" unshare --pid --fork --kill-child --mount --propagation private --mount-proc \
-    env TB="$tb" NB="$nb" D="$D" "$0" --inner || rc=$?
+    env TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" "$0" --inner || rc=$?
   [[ $rc == 0 ]] || { KEEP=1; echo "probe: failed ($rc); logs in $D/*.log" >&2; }
   exit $rc
 fi
@@ -43,6 +51,20 @@ ip addr add 10.77.0.1/24 dev eebr0
 ip link set eebr0 up
 ip route add default dev eebr0 2>/dev/null || true
 IP=10.77.0.1
+if [[ ! -e /sys/fs/cgroup/memory ]]; then
+  mount -t tmpfs -o mode=755 cgroup-root /sys/fs/cgroup
+  while read -r dir type opts; do
+    mkdir -p "$dir"; mount -t "$type" -o "$opts" "$type" "$dir"
+  done <<<"$CGMOUNTS"
+fi
+# The kubelet's cgroup root must exist in every hierarchy; cpuset needs its cpus and mems set.
+for h in /sys/fs/cgroup/*/; do
+  [[ -f "$h/cgroup.procs" ]] || continue
+  mkdir -p "$h/$CG"
+  if [[ -f "$h/cpuset.cpus" ]]; then
+    cat "$h/cpuset.cpus" >"$h/$CG/cpuset.cpus"; cat "$h/cpuset.mems" >"$h/$CG/cpuset.mems"
+  fi
+done
 log() { printf '[probe %s] %s\n' "$(date +%T)" "$*" >&2; }
 pids=()
 start() { # <name> <cmd...>
@@ -148,7 +170,7 @@ state = "$C/state"
     runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
       SystemdCgroup = false
-      BinaryName = "${RUNC:-/usr/sbin/runc}"
+      BinaryName = "${RUNC:-$here/runc-sandbox.sh}"
 EOC
 export PATH=$NB:$PATH   # containerd finds containerd-shim-runc-v2 on the PATH
 start containerd "$NB/containerd" --config "$C/config.toml" --log-level "${CONTAINERD_LOG:-info}"
@@ -234,6 +256,7 @@ resolvConf: /etc/resolv.conf
 imageGCHighThresholdPercent: 100
 evictionHard: {}
 registerNode: true
+cgroupRoot: /$CG
 ${KUBELET_EXTRA_CONFIG:-}
 EOK
 start kubelet "$NB/kubelet" --config="$K/config.yaml" --kubeconfig="$D/node1.kubeconfig" \
