@@ -14,7 +14,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 if [[ "${1:-}" != --inner ]]; then
   tb=$("$here/../build.sh" 2>/dev/null | tail -n1)
-  nb=$("$here/build.sh" 2>/dev/null | tail -n1)
+  nb=${NB:-$("$here/build.sh" 2>/dev/null | tail -n1)}
   [[ -x "$tb/kube-controller-manager" ]] || { echo "probe: no kube-controller-manager in $tb (TESTBED_BUILD_KCM=1 testbed/build.sh)" >&2; exit 2; }
   for c in runc openssl jq unshare ip; do command -v $c >/dev/null || { echo "probe: $c missing" >&2; exit 2; }; done
   D=$(mktemp -d /tmp/ee36-probe.XXXXXX)
@@ -36,7 +36,7 @@ if [[ "${1:-}" != --inner ]]; then
   # PID namespace: when the inner script (its PID 1) exits, the kernel kills every process left
   # in it, shims included. Mount namespace: every mount made inside goes with it.
   ip netns exec "$NS" unshare --pid --fork --kill-child --mount --propagation private --mount-proc \
-    env TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" "$0" --inner || rc=$?
+    env PROBE_STAGE="${PROBE_STAGE:-}" TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" "$0" --inner || rc=$?
   [[ $rc == 0 ]] || { KEEP=1; echo "probe: failed ($rc); logs in $D/*.log" >&2; }
   exit $rc
 fi
@@ -112,6 +112,7 @@ export KUBECONFIG=$D/admin.kubeconfig
 k() { "$TB/kubectl" "$@"; }
 
 # ---------------------------------------------------------------- control plane
+if [[ "${PROBE_STAGE:-}" != containerd ]]; then
 start etcd "$TB/etcd" --name=t --data-dir="$D/etcd" --listen-client-urls=http://127.0.0.1:2379 \
   --advertise-client-urls=http://127.0.0.1:2379 --listen-peer-urls=http://127.0.0.1:2380 \
   --initial-advertise-peer-urls=http://127.0.0.1:2380 --initial-cluster=t=http://127.0.0.1:2380 \
@@ -132,6 +133,7 @@ start kube-controller-manager "$TB/kube-controller-manager" --kubeconfig="$KUBEC
   --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key"
 start kube-scheduler "$NB/kube-scheduler" --kubeconfig="$KUBECONFIG" --bind-address=127.0.0.1 \
   --leader-elect=false
+fi
 
 # ---------------------------------------------------------------- containerd
 C=$D/containerd; mkdir -p "$C/root" "$C/state" "$D/cni/net.d" "$D/cni/data"
@@ -231,6 +233,10 @@ mkimage docker.io/library/ee36-tool:1 "$IMG/tool-root" "$IMG/tool.tar" '["/tool"
 ctr images import --no-unpack=false "$IMG/pause.tar" >&2 2>&1 || ctr images import "$IMG/pause.tar" >&2
 ctr images import "$IMG/tool.tar" >&2
 ctr images ls -q >&2
+if [[ "${PROBE_STAGE:-}" == containerd ]]; then # containerd and runc alone, without the kubelet
+  ctr run --rm docker.io/library/ee36-tool:1 ee36-t1 /tool hello from ctr >&2
+  log "PROBE containerd OK"; exit 0
+fi
 
 # ---------------------------------------------------------------- kubelet
 K=$D/kubelet; mkdir -p "$K/root" "$K/pods-logs"
