@@ -18,25 +18,29 @@ if [[ "${1:-}" != --inner ]]; then
   [[ -x "$tb/kube-controller-manager" ]] || { echo "probe: no kube-controller-manager in $tb (TESTBED_BUILD_KCM=1 testbed/build.sh)" >&2; exit 2; }
   for c in runc openssl jq unshare ip; do command -v $c >/dev/null || { echo "probe: $c missing" >&2; exit 2; }; done
   D=$(mktemp -d /tmp/ee36-probe.XXXXXX)
-  NS=ee36-$$
+  NS=ee36-$$; created=()
   echo "probe: folder $D, network namespace $NS" >&2
   ip netns add "$NS"
   CG=ee36-$$   # the kubelet's --cgroup-root, in every cgroup v1 hierarchy
   cleanup() {
     ip netns del "$NS" 2>/dev/null || true
     # Cgroups outlive their processes: remove the tree, deepest first.
+    for d in "${created[@]}"; do rmdir "$d" 2>/dev/null || true; done
     find /sys/fs/cgroup/*/"$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
     [[ "${KEEP:-}" == 1 ]] || rm -rf "$D"
   }
   [[ "${1:-}" == --keep ]] && KEEP=1
   trap cleanup EXIT
   rc=0
+  PRIVATE_DIRS="/var/lib/kubelet /var/lib/cni /var/log/pods /var/log/containers"
+  created=()
+  for d in $PRIVATE_DIRS; do [[ -e $d ]] || { mkdir -p "$d"; created+=("$d"); }; done
   # `ip netns exec` mounts a fresh /sys, without /sys/fs/cgroup: the inner script mounts these again.
   cgmounts=$(awk '$3 == "cgroup" || $3 == "cgroup2" {print $2, $3, $4}' /proc/mounts)
   # PID namespace: when the inner script (its PID 1) exits, the kernel kills every process left
   # in it, shims included. Mount namespace: every mount made inside goes with it.
   ip netns exec "$NS" unshare --pid --fork --kill-child --mount --propagation private --mount-proc \
-    env PROBE_STAGE="${PROBE_STAGE:-}" TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" "$0" --inner || rc=$?
+    env PROBE_STAGE="${PROBE_STAGE:-}" TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" PRIVATE_DIRS="$PRIVATE_DIRS" "$0" --inner || rc=$?
   [[ $rc == 0 ]] || { KEEP=1; echo "probe: failed ($rc); logs in $D/*.log" >&2; }
   exit $rc
 fi
@@ -44,6 +48,11 @@ fi
 # ------------------------------------------------------------------ inside the namespaces
 mount --make-rshared /
 mount -t tmpfs tmpfs /run   # /run/netns, /run/containerd: private to the probe
+# Paths the kubelet, containerd and libcni use whatever their configuration says
+# (/var/lib/kubelet/device-plugins, /var/lib/cni/results, /var/log/pods and /var/log/containers):
+# a private tmpfs over each (the outer script removes the empty folders it had to create).
+for d in $PRIVATE_DIRS; do mount -t tmpfs tmpfs "$d"; done
+export HOME=$D/home; mkdir -p "$HOME"   # kubectl's discovery cache
 mkdir -p /run/netns
 ip link set lo up
 ip link add eebr0 type bridge
@@ -125,7 +134,7 @@ start kube-apiserver "$TB/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$P/sa.pub" \
   --service-account-signing-key-file="$P/sa.key" --allow-privileged=true \
   --kubelet-client-certificate="$P/admin.crt" --kubelet-client-key="$P/admin.key" \
-  --kubelet-certificate-authority="$P/ca.crt"
+  --kubelet-certificate-authority="$P/ca.crt" --kubelet-preferred-address-types=InternalIP
 wait_for "apiserver readyz" 240 k get --raw /readyz
 start kube-controller-manager "$TB/kube-controller-manager" --kubeconfig="$KUBECONFIG" \
   --bind-address=127.0.0.1 --leader-elect=false --service-account-private-key-file="$P/sa.key" \
@@ -154,6 +163,8 @@ state = "$C/state"
   address = "$C/containerd.sock"
 [ttrpc]
   address = "$C/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$C/opt"
 [debug]
   address = ""
 [metrics]
@@ -256,17 +267,34 @@ cgroupDriver: cgroupfs
 failSwapOn: false
 failCgroupV1: false
 containerRuntimeEndpoint: unix://$C/containerd.sock
-podLogsDirectory: $K/pods-logs
+podLogsDir: $K/pods-logs
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 imageGCHighThresholdPercent: 100
 evictionHard: {}
 registerNode: true
+volumePluginDir: $K/volume-plugins
 cgroupRoot: /$CG
 ${KUBELET_EXTRA_CONFIG:-}
 EOK
 start kubelet "$NB/kubelet" --config="$K/config.yaml" --kubeconfig="$D/node1.kubeconfig" \
   --root-dir="$K/root" --hostname-override=node1 --node-ip=$IP -v="${KUBELET_V:-2}"
+# kube-proxy (iptables mode): pods reach the API server through the `kubernetes` Service.
+cat >"$D/proxy.yaml" <<EOK
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$D/proxy.kubeconfig"}
+hostnameOverride: node1
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+bindAddress: $IP
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+oomScoreAdj: 0
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOK
+k create clusterrolebinding ee36-proxy --clusterrole=system:node-proxier --user=system:kube-proxy >&2
+start kube-proxy "$NB/kube-proxy" --config="$D/proxy.yaml" -v=2
 wait_for "node1 registered" 120 k get node node1
 wait_for "node1 Ready" 120 k wait --for=condition=Ready node/node1 --timeout=1s
 k get nodes -o wide >&2
