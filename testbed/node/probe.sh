@@ -46,6 +46,7 @@ if [[ "${1:-}" != --inner ]]; then
 fi
 
 # ------------------------------------------------------------------ inside the namespaces
+HERE=$here
 mount --make-rshared /
 mount -t tmpfs tmpfs /run   # /run/netns, /run/containerd: private to the probe
 # Paths the kubelet, containerd and libcni use whatever their configuration says
@@ -102,8 +103,6 @@ cert() { # <name> <subject> [sans]
 }
 cert apiserver /CN=kube-apiserver "IP:$IP,IP:10.96.0.1,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
 cert admin "/O=system:masters/CN=admin"
-cert node1 "/O=system:nodes/CN=system:node:node1"
-cert kubelet-serving /CN=node1 "IP:$IP,DNS:node1"
 cert proxy /CN=system:kube-proxy
 openssl genrsa -out sa.key 2048 2>/dev/null; openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 kubeconfig() { # <user> -> file
@@ -116,12 +115,11 @@ contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 EOK
 }
-kubeconfig admin; kubeconfig node1; kubeconfig proxy
+kubeconfig admin; kubeconfig proxy
 export KUBECONFIG=$D/admin.kubeconfig
 k() { "$TB/kubectl" "$@"; }
 
 # ---------------------------------------------------------------- control plane
-if [[ "${PROBE_STAGE:-}" != containerd ]]; then
 start etcd "$TB/etcd" --name=t --data-dir="$D/etcd" --listen-client-urls=http://127.0.0.1:2379 \
   --advertise-client-urls=http://127.0.0.1:2379 --listen-peer-urls=http://127.0.0.1:2380 \
   --initial-advertise-peer-urls=http://127.0.0.1:2380 --initial-cluster=t=http://127.0.0.1:2380 \
@@ -142,53 +140,6 @@ start kube-controller-manager "$TB/kube-controller-manager" --kubeconfig="$KUBEC
   --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key"
 start kube-scheduler "$NB/kube-scheduler" --kubeconfig="$KUBECONFIG" --bind-address=127.0.0.1 \
   --leader-elect=false
-fi
-
-# ---------------------------------------------------------------- containerd
-C=$D/containerd; mkdir -p "$C/root" "$C/state" "$D/cni/net.d" "$D/cni/data"
-cat >"$D/cni/net.d/10-bridge.conflist" <<EOC
-{"cniVersion": "1.0.0", "name": "ee36",
- "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "dataDir": "$D/cni/data", "ranges": [[{"subnet": "10.244.1.0/24"}]],
-            "routes": [{"dst": "0.0.0.0/0"}]}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}
- ]}
-EOC
-cat >"$C/config.toml" <<EOC
-version = 3
-root = "$C/root"
-state = "$C/state"
-[grpc]
-  address = "$C/containerd.sock"
-[ttrpc]
-  address = "$C/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$C/opt"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "${SNAPSHOTTER:-overlayfs}"
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = "registry.k8s.io/pause:3.10.1"
-[plugins."io.containerd.cri.v1.runtime"]
-  enable_selinux = false
-  netns_mounts_under_state_dir = true
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["$NB/cni"]
-    conf_dir = "$D/cni/net.d"
-  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-      SystemdCgroup = false
-      BinaryName = "${RUNC:-$here/runc-sandbox.sh}"
-EOC
-export PATH=$NB:$PATH   # containerd finds containerd-shim-runc-v2 on the PATH
-start containerd "$NB/containerd" --config "$C/config.toml" --log-level "${CONTAINERD_LOG:-info}"
-wait_for "containerd socket" 60 test -S "$C/containerd.sock"
-ctr() { "$NB/ctr" --address "$C/containerd.sock" -n k8s.io "$@"; }
 
 # ---------------------------------------------------------------- images, no registry
 # An OCI image archive made by hand from a folder: one uncompressed layer.
@@ -214,7 +165,8 @@ mkimage() { # <name:tag> <rootfs> <out.tar> <entrypoint json>
   tar -C "$w" -cf "$out" oci-layout index.json blobs
   rm -rf "$w"
 }
-# pause: a static Go program that waits for a signal (the sandbox's PID 1).
+# pause: a static Go program that waits for a signal (the sandbox's PID 1); as `tool`, it prints
+# its arguments and exits.
 IMG=$D/images; mkdir -p "$IMG/pause-src" "$IMG/pause-root" "$IMG/tool-root"
 cat >"$IMG/pause-src/main.go" <<'EOG'
 package main
@@ -227,7 +179,7 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 { // the test container: prints and exits
+	if len(os.Args) > 1 {
 		fmt.Println(os.Args[1:])
 		return
 	}
@@ -241,62 +193,45 @@ printf 'module pause\n\ngo 1.24\n' >"$IMG/pause-src/go.mod"
 cp "$IMG/pause-root/pause" "$IMG/tool-root/tool"
 mkimage registry.k8s.io/pause:3.10.1 "$IMG/pause-root" "$IMG/pause.tar" '["/pause"]'
 mkimage docker.io/library/ee36-tool:1 "$IMG/tool-root" "$IMG/tool.tar" '["/tool"]'
-ctr images import --no-unpack=false "$IMG/pause.tar" >&2 2>&1 || ctr images import "$IMG/pause.tar" >&2
-ctr images import "$IMG/tool.tar" >&2
-ctr images ls -q >&2
-if [[ "${PROBE_STAGE:-}" == containerd ]]; then # containerd and runc alone, without the kubelet
-  ctr run --rm docker.io/library/ee36-tool:1 ee36-t1 /tool hello from ctr >&2
-  log "PROBE containerd OK"; exit 0
-fi
 
-# ---------------------------------------------------------------- kubelet
-K=$D/kubelet; mkdir -p "$K/root" "$K/pods-logs"
-cat >"$K/config.yaml" <<EOK
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $IP
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: "$P/ca.crt"}}
-authorization: {mode: AlwaysAllow}
-tlsCertFile: "$P/kubelet-serving.crt"
-tlsPrivateKeyFile: "$P/kubelet-serving.key"
-cgroupDriver: cgroupfs
-failSwapOn: false
-failCgroupV1: false
-containerRuntimeEndpoint: unix://$C/containerd.sock
-podLogsDir: $K/pods-logs
-clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
-imageGCHighThresholdPercent: 100
-evictionHard: {}
-registerNode: true
-volumePluginDir: $K/volume-plugins
-cgroupRoot: /$CG
-${KUBELET_EXTRA_CONFIG:-}
-EOK
-start kubelet "$NB/kubelet" --config="$K/config.yaml" --kubeconfig="$D/node1.kubeconfig" \
-  --root-dir="$K/root" --hostname-override=node1 --node-ip=$IP -v="${KUBELET_V:-2}"
-# kube-proxy (iptables mode): pods reach the API server through the `kubernetes` Service.
-cat >"$D/proxy.yaml" <<EOK
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: "$D/proxy.kubeconfig"}
-hostnameOverride: node1
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-bindAddress: $IP
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-oomScoreAdj: 0
-conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-EOK
+NODES=${NODES:-1}
+node_ip() { echo "10.77.0.$((10 + $1))"; }
+nodes_ns() { echo "ee36n$1"; }
+export PATH=$NB:$PATH   # containerd finds containerd-shim-runc-v2 on the PATH
+
+
+for ((i = 1; i <= NODES; i++)); do
+  cert node$i "/O=system:nodes/CN=system:node:node$i"
+  cert serving-node$i /CN=node$i "IP:$(node_ip $i),DNS:node$i"
+  kubeconfig node$i
+done
 k create clusterrolebinding ee36-proxy --clusterrole=system:node-proxier --user=system:kube-proxy >&2
-start kube-proxy "$NB/kube-proxy" --config="$D/proxy.yaml" -v=2
-wait_for "node1 registered" 120 k get node node1
-wait_for "node1 Ready" 120 k wait --for=condition=Ready node/node1 --timeout=1s
+# Nodes: a netns each, a veth to the bridge; pod CIDR 10.244.I.0/24 routed to node I.
+for ((i = 1; i <= NODES; i++)); do
+  ns=$(nodes_ns $i); nip=$(node_ip $i)
+  ip netns add "$ns"
+  ip link add "vn$i" type veth peer name eth0 netns "$ns"
+  ip link set "vn$i" master eebr0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "$nip/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" route add default via $IP
+  ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1
+  ip route add "10.244.$i.0/24" via "$nip"
+  for ((j = 1; j <= NODES; j++)); do
+    [[ $j == "$i" ]] || ip -n "$ns" route add "10.244.$j.0/24" via "$(node_ip $j)"
+  done
+done
+for ((i = 1; i <= NODES; i++)); do
+  # nsenter, not `ip netns exec`: the latter mounts a fresh /sys, without the cgroup mounts.
+  start "node$i" nsenter --net=/run/netns/$(nodes_ns $i) unshare --mount --propagation private \
+    env HERE="$HERE" TB="$TB" NB="$NB" D="$D" CG="$CG" PRIVATE_DIRS="$PRIVATE_DIRS" \
+    P="$P" IMG="$IMG" EE_IMAGE_TAR="${EE_IMAGE_TAR:-}" "$HERE/node.sh" $i
+done
+for ((i = 1; i <= NODES; i++)); do
+  wait_for "node$i registered" 180 k get node node$i
+  wait_for "node$i Ready" 180 k wait --for=condition=Ready node/node$i --timeout=1s
+done
 k get nodes -o wide >&2
 
 # ---------------------------------------------------------------- a pod
@@ -310,7 +245,7 @@ spec:
   - name: tool
     image: docker.io/library/ee36-tool:1
     imagePullPolicy: Never
-    args: ["hello", "from", "node1"]
+    args: ["hello", "from", "a node"]
 EOP
 wait_for "default ServiceAccount" 60 k get sa default
 wait_for "pod probe Succeeded" 120 bash -c "[[ \$($TB/kubectl get pod probe -o jsonpath={.status.phase}) == Succeeded ]]"
