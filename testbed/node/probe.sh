@@ -18,6 +18,15 @@ if [[ "${1:-}" != --inner ]]; then
   [[ -x "$tb/kube-controller-manager" ]] || { echo "probe: no kube-controller-manager in $tb (TESTBED_BUILD_KCM=1 testbed/build.sh)" >&2; exit 2; }
   for c in runc openssl jq unshare ip; do command -v $c >/dev/null || { echo "probe: $c missing" >&2; exit 2; }; done
   D=$(mktemp -d /tmp/ee36-probe.XXXXXX)
+  if [[ "${PROBE_STAGE:-}" == chart ]]; then
+    # The image scripts/image.sh built (an OCI layout), as an archive for `ctr images import`.
+    oci=${EE_IMAGE_OCI:-$here/../../target/image/oci}
+    [[ -f "$oci/index.json" ]] || { echo "probe: no image at $oci (scripts/image.sh)" >&2; exit 2; }
+    tar -C "$oci" -cf "$D/ee-image.tar" .
+    export EE_IMAGE_TAR=$D/ee-image.tar
+    EE_BIN=${EE_BIN:-$here/../../target/release/external-endpoints}
+    HELM=${HELM:-$(ls -d "$HOME"/.cache/external-endpoints/helm-*/helm | tail -n1)}
+  fi
   NS=ee36-$$; created=()
   echo "probe: folder $D, network namespace $NS" >&2
   ip netns add "$NS"
@@ -40,7 +49,8 @@ if [[ "${1:-}" != --inner ]]; then
   # PID namespace: when the inner script (its PID 1) exits, the kernel kills every process left
   # in it, shims included. Mount namespace: every mount made inside goes with it.
   ip netns exec "$NS" unshare --pid --fork --kill-child --mount --propagation private --mount-proc \
-    env PROBE_STAGE="${PROBE_STAGE:-}" TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" PRIVATE_DIRS="$PRIVATE_DIRS" "$0" --inner || rc=$?
+    env PROBE_STAGE="${PROBE_STAGE:-}" NODES="${NODES:-1}" EE_IMAGE_TAR="${EE_IMAGE_TAR:-}" \
+    EE_BIN="${EE_BIN:-}" HELM="${HELM:-}" REPO="$here/../.." TB="$tb" NB="$nb" D="$D" CG="$CG" CGMOUNTS="$cgmounts" PRIVATE_DIRS="$PRIVATE_DIRS" "$0" --inner || rc=$?
   [[ $rc == 0 ]] || { KEEP=1; echo "probe: failed ($rc); logs in $D/*.log" >&2; }
   exit $rc
 fi
@@ -252,4 +262,102 @@ wait_for "pod probe Succeeded" 120 bash -c "[[ \$($TB/kubectl get pod probe -o j
 k logs probe >&2
 k get pod probe -o wide >&2
 log "PROBE OK"
+[[ "${PROBE_STAGE:-}" == chart ]] || { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; exit 0; }
+
+# ---------------------------------------------------------------- the chart, as an operator installs it
+NSP=external-endpoints
+t0=$SECONDS
+"$HELM" install external-endpoints "$REPO/charts/external-endpoints" -n $NSP --create-namespace \
+  --wait --timeout 5m >&2
+log "helm install --wait: $((SECONDS - t0))s"
+k -n $NSP get pods -o wide >&2
+holder() { k -n $NSP get lease external-endpoints-write -o jsonpath='{.spec.holderIdentity}{" "}{.spec.leaseTransitions}'; }
+until [[ -n "$(holder 2>/dev/null | cut -d' ' -f1)" ]]; do sleep 1; done
+log "lease: $(holder)"
+
+# Samples: a Service selecting ExternalWorkloads; workloads keep being added during every move.
+k create namespace demo >&2
+cat <<EOS | k apply -n demo -f - >&2
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: http}]
+EOS
+W=0
+workload() { # adds workload number $1, Ready
+  local n=$1 ip="10.1.$(($1 / 250)).$(($1 % 250 + 1))"
+  k apply -n demo -f - >/dev/null <<EOW
+apiVersion: workload.linkerd.io/v1beta1
+kind: ExternalWorkload
+metadata: {name: w$n, labels: {app: web}}
+spec:
+  meshTLS: {identity: w$n.demo.serviceaccount.identity.linkerd.cluster.local, serverName: w$n.demo.cluster.local}
+  workloadIPs: [{ip: "$ip"}]
+  ports: [{name: http, port: 8080}]
+EOW
+  k patch -n demo externalworkload w$n --subresource=status --type=merge -p \
+    "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"lastTransitionTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\",\"reason\":\"Probe\",\"message\":\"probe\"}]}}" >/dev/null
+}
+churn_start() { # workloads added one after another in the background until churn_stop
+  CHURN_FIRST=$1
+  ( n=$1; while [[ ! -e $D/churn.stop ]]; do workload $n; echo $n >"$D/churn.last"; n=$((n + 1)); done ) &
+  CHURN=$!
+}
+churn_stop() { touch "$D/churn.stop"; wait $CHURN; rm -f "$D/churn.stop"; cat "$D/churn.last" 2>/dev/null || echo $((CHURN_FIRST - 1)); }
+slice_count() { k get endpointslices -n demo -l kubernetes.io/service-name=web -o json | jq '[.items[].endpoints // [] | .[] | select(.conditions.ready)] | length'; }
+expect_all() { # <n workloads>: every one ends up in the slices (ready)
+  local end=$((SECONDS + 120)) c
+  while :; do
+    c=$(slice_count)
+    [[ "$c" == "$1" ]] && return 0
+    ((SECONDS < end)) || { log "LOST: $c of $1 workloads in the slices"; return 1; }
+    sleep 1
+  done
+}
+for ((n = 0; n < 5; n++)); do workload $n; done
+expect_all 5
+log "slices published for 5 workloads"
+KUBECONFIG=$D/admin.kubeconfig "$EE_BIN" check >&2 && log "external-endpoints check: PASS" || log "external-endpoints check: FAIL ($?)"
+
+move() { # <name> <command...>: leadership moved while workloads are added
+  local name=$1; shift
+  local before; before=$(holder)
+  rm -f "$D/churn.last"; churn_start $(($(k get externalworkloads -n demo -o name | wc -l)))
+  local t0=$SECONDS
+  "$@"
+  local last; last=$(churn_stop)
+  log "$name: done in $((SECONDS - t0))s; lease before: $before; after: $(holder)"
+  expect_all $((last + 1)) && log "$name: no change lost ($((last + 1)) workloads)"
+}
+rollout() { k -n $NSP rollout restart deploy/external-endpoints >&2; k -n $NSP rollout status deploy/external-endpoints --timeout=5m >&2; }
+move "rollout restart" rollout
+drain() {
+  local leader node; leader=$(holder | cut -d' ' -f1)
+  node=$(k -n $NSP get pod "$leader" -o jsonpath='{.spec.nodeName}')
+  log "drain: leader $leader on $node"
+  k drain "$node" --ignore-daemonsets --delete-emptydir-data --timeout=5m >&2
+  k -n $NSP rollout status deploy/external-endpoints --timeout=5m >&2
+  k uncordon "$node" >&2
+}
+move "drain" drain
+sigkill() {
+  local leader node cid i renew0
+  leader=$(holder | cut -d' ' -f1)
+  node=$(k -n $NSP get pod "$leader" -o jsonpath='{.spec.nodeName}')
+  cid=$(k -n $NSP get pod "$leader" -o jsonpath='{.status.containerStatuses[0].containerID}'); cid=${cid#containerd://}
+  i=${node#node}
+  renew0=$(k -n $NSP get lease external-endpoints-write -o jsonpath='{.spec.renewTime}')
+  log "sigkill: leader $leader on $node, container ${cid:0:12}, lease renewed $renew0"
+  local t0; t0=$(date +%s.%N)
+  "$NB/ctr" --address "$D/node$i/containerd/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$cid" >&2
+  # The first renewal or acquisition after the kill: any process's write of the Lease.
+  until [[ "$(k -n $NSP get lease external-endpoints-write -o jsonpath='{.spec.renewTime}')" != "$renew0" ]]; do sleep 0.2; done
+  log "sigkill: first Lease write $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')s after the kill (lease duration $(k -n $NSP get lease external-endpoints-write -o jsonpath='{.spec.leaseDurationSeconds}')s); restarts: $(k -n $NSP get pod "$leader" -o jsonpath='{.status.containerStatuses[0].restartCount}')"
+}
+move "sigkill" sigkill
+k -n $NSP get pods -o wide >&2
+log "CHART OK"
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
