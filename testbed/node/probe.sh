@@ -107,7 +107,9 @@ P=$D/pki; mkdir -p "$P"; cd "$P"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=ee36-ca 2>/dev/null
 cert() { # <name> <subject> [sans]
   openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-  if [[ -n "${3:-}" ]]; then printf 'subjectAltName=%s\n' "$3" >"$1.ext"; else : >"$1.ext"; fi
+  # v3 extensions always: rustls (the controller's `check`) refuses v1 certificates.
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$1.ext"
+  [[ -z "${3:-}" ]] || printf 'subjectAltName=%s\n' "$3" >>"$1.ext"
   openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 2 \
     -extfile "$1.ext" 2>/dev/null
 }
@@ -134,7 +136,20 @@ start etcd "$TB/etcd" --name=t --data-dir="$D/etcd" --listen-client-urls=http://
   --advertise-client-urls=http://127.0.0.1:2379 --listen-peer-urls=http://127.0.0.1:2380 \
   --initial-advertise-peer-urls=http://127.0.0.1:2380 --initial-cluster=t=http://127.0.0.1:2380 \
   --listen-metrics-urls=http://127.0.0.1:0 --unsafe-no-fsync=true
+# Audit: every write of a Lease or an EndpointSlice, with its request body (the Lease's holder)
+# and the writer's user info (a projected token's pod name is in user.extra).
+cat >"$D/audit-policy.yaml" <<EOA
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Request
+  verbs: [create, update, patch, delete]
+  resources: [{group: coordination.k8s.io, resources: [leases]}, {group: discovery.k8s.io, resources: [endpointslices]}]
+- level: None
+EOA
 start kube-apiserver "$TB/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+  --audit-policy-file="$D/audit-policy.yaml" --audit-log-path="$D/audit.log" --audit-log-mode=blocking \
   --bind-address=$IP --advertise-address=$IP --secure-port=6443 \
   --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
   --client-ca-file="$P/ca.crt" --authorization-mode=Node,RBAC \
@@ -305,7 +320,10 @@ churn_start() { # workloads added one after another in the background until chur
   ( n=$1; while [[ ! -e $D/churn.stop ]]; do workload $n; echo $n >"$D/churn.last"; n=$((n + 1)); done ) &
   CHURN=$!
 }
-churn_stop() { touch "$D/churn.stop"; wait $CHURN; rm -f "$D/churn.stop"; cat "$D/churn.last" 2>/dev/null || echo $((CHURN_FIRST - 1)); }
+churn_stop() { # sets LAST (not in $(...): only this shell can wait for the churn)
+  touch "$D/churn.stop"; wait $CHURN; rm -f "$D/churn.stop"
+  LAST=$(cat "$D/churn.last" 2>/dev/null || echo $((CHURN_FIRST - 1)))
+}
 slice_count() { k get endpointslices -n demo -l kubernetes.io/service-name=web -o json | jq '[.items[].endpoints // [] | .[] | select(.conditions.ready)] | length'; }
 expect_all() { # <n workloads>: every one ends up in the slices (ready)
   local end=$((SECONDS + 120)) c
@@ -327,7 +345,7 @@ move() { # <name> <command...>: leadership moved while workloads are added
   rm -f "$D/churn.last"; churn_start $(($(k get externalworkloads -n demo -o name | wc -l)))
   local t0=$SECONDS
   "$@"
-  local last; last=$(churn_stop)
+  churn_stop; local last=$LAST
   log "$name: done in $((SECONDS - t0))s; lease before: $before; after: $(holder)"
   expect_all $((last + 1)) && log "$name: no change lost ($((last + 1)) workloads)"
 }
