@@ -376,6 +376,8 @@ sigkill() {
 }
 move "sigkill" sigkill
 k -n $NSP get pods -o wide >&2
+# One writer at a time, from the audit log: no slice write by a pod that did not hold the Lease.
+"$HERE/audit-check.sh" "$D/audit.log" >&2 || { log "FAIL: a slice write by a non-holder"; exit 1; }
 log "CHART OK"
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
