@@ -252,6 +252,7 @@ for ((i = 1; i <= NODES; i++)); do
   start "node$i" nsenter --net=/run/netns/$(nodes_ns $i) unshare --mount --propagation private \
     env HERE="$HERE" TB="$TB" NB="$NB" D="$D" CG="$CG" PRIVATE_DIRS="$PRIVATE_DIRS" \
     P="$P" IMG="$IMG" EE_IMAGE_TAR="${EE_IMAGE_TAR:-}" "$HERE/node.sh" $i
+  NODE_PID[$i]=$!   # node.sh itself (nsenter and unshare exec): its mount namespace is the node's
 done
 for ((i = 1; i <= NODES; i++)); do
   wait_for "node$i registered" 180 k get node node$i
@@ -375,6 +376,42 @@ sigkill() {
   log "sigkill: first Lease write $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')s after the kill (lease duration $(k -n $NSP get lease external-endpoints-write -o jsonpath='{.spec.leaseDurationSeconds}')s); restarts: $(k -n $NSP get pod "$leader" -o jsonpath='{.status.containerStatuses[0].restartCount}')"
 }
 move "sigkill" sigkill
+
+# A deposed leader's write, with its real projected token, denied by the fencing policy.
+deposed() {
+  local leader node i uid cid token out
+  leader=$(holder | cut -d' ' -f1)
+  node=$(k -n $NSP get pod "$leader" -o jsonpath='{.spec.nodeName}'); i=${node#node}
+  uid=$(k -n $NSP get pod "$leader" -o jsonpath='{.metadata.uid}')
+  cid=$(k -n $NSP get pod "$leader" -o jsonpath='{.status.containerStatuses[0].containerID}'); cid=${cid#containerd://}
+  # The token the kubelet projected into the pod (a tmpfs in the node's mount namespace).
+  token=$(nsenter -t "${NODE_PID[$i]}" -m sh -c \
+    "cat $D/node$i/kubelet/root/pods/$uid/volumes/kubernetes.io~projected/kube-api-access-*/token")
+  log "deposed: leader $leader on $node; token read ($(printf %s "$token" | wc -c) bytes); pausing its container"
+  "$NB/ctr" --address "$D/node$i/containerd/containerd.sock" -n k8s.io tasks pause "$cid" >&2
+  local end=$((SECONDS + 60))
+  until [[ "$(holder | cut -d' ' -f1)" != "$leader" ]]; do
+    ((SECONDS < end)) || { log "deposed: the Lease did not move"; return 1; }
+    sleep 0.5
+  done
+  log "deposed: Lease now $(holder)"
+  out=$("$TB/kubectl" --kubeconfig=/dev/null --server="https://$IP:6443" --certificate-authority="$P/ca.crt" \
+    --token="$token" -n demo create -f - 2>&1 <<EOS || true
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-deposed-write
+  labels: {kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: linkerd-external-workloads-controller}
+addressType: IPv4
+endpoints: [{addresses: ["10.9.9.9"]}]
+EOS
+)
+  "$NB/ctr" --address "$D/node$i/containerd/containerd.sock" -n k8s.io tasks resume "$cid" >&2
+  log "deposed: its write: $out"
+  if grep -q 'ValidatingAdmissionPolicy' <<<"$out"; then log "deposed: denied by the fencing policy"
+  else log "FAIL: the deposed leader's write was not denied by the fencing policy"; return 1; fi
+}
+deposed
 k -n $NSP get pods -o wide >&2
 # One writer at a time, from the audit log: no slice write by a pod that did not hold the Lease.
 "$HERE/audit-check.sh" "$D/audit.log" >&2 || { log "FAIL: a slice write by a non-holder"; exit 1; }
