@@ -35,11 +35,18 @@ if [[ "${1:-}" != --inner ]]; then
     ip netns del "$NS" 2>/dev/null || true
     # Cgroups outlive their processes: remove the tree, deepest first.
     for d in "${created[@]}"; do rmdir "$d" 2>/dev/null || true; done
-    find /sys/fs/cgroup/*/"$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    # (retried: the PID namespace's processes may take a moment to go)
+    local try
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+      find /sys/fs/cgroup/*/"$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      compgen -G "/sys/fs/cgroup/*/$CG" >/dev/null || break
+      sleep 0.5
+    done
     [[ "${KEEP:-}" == 1 ]] || rm -rf "$D"
   }
   [[ "${1:-}" == --keep ]] && KEEP=1
   trap cleanup EXIT
+  trap 'exit 143' TERM INT   # so that cleanup runs on a timeout too
   rc=0
   PRIVATE_DIRS="/var/lib/kubelet /var/lib/cni /var/log/pods /var/log/containers"
   created=()
