@@ -7,9 +7,11 @@ set -euo pipefail
 i=$1; nip=10.77.0.$((10 + i))
 name=node$i; N=$D/node$i
 mount --make-rshared /
-# The fixed paths again, private to this node (two kubelets would share
-# /var/lib/kubelet/device-plugins/kubelet.sock otherwise).
-for d in $PRIVATE_DIRS /run/containerd; do mkdir -p "$d"; mount -t tmpfs tmpfs "$d"; done
+# The fixed paths again, private to this node: two kubelets would share
+# /var/lib/kubelet/device-plugins/kubelet.sock, and two containerds /run/nri/nri.sock (the second
+# one failed: "failed to start NRI interface: failed to create socket /var/run/nri/nri.sock:
+# listen unix /var/run/nri/nri.sock: bind: address already in use").
+for d in $PRIVATE_DIRS /run/containerd /run/nri /run/cdi; do mkdir -p "$d"; mount -t tmpfs tmpfs "$d"; done
 C=$N/containerd; mkdir -p "$C/root" "$C/state" "$N/cni/net.d" "$N/cni/data"
 cat >"$N/cni/net.d/10-bridge.conflist" <<EOC
 {"cniVersion": "1.0.0", "name": "ee36",

@@ -1,31 +1,51 @@
 #!/usr/bin/env bash
-# Feasibility probe for issue 36: one real node (containerd 2.x + kubelet + CNI bridge) beside the
-# testbed's etcd, kube-apiserver, kube-controller-manager and kube-scheduler, all inside a network
-# namespace of its own, and inside a PID and mount namespace of their own so that nothing
-# (containerd shims included) and no mount outlives the probe.
+# A small real cluster for issue 36, in namespaces of its own: the testbed's etcd,
+# kube-apiserver, kube-controller-manager and kube-scheduler on a bridge in a network namespace,
+# and NODES nodes (containerd 2.x, kubelet, kube-proxy, CNI bridge; node.sh), each in a network
+# and mount namespace of its own; everything in one PID namespace, so that nothing (containerd
+# shims included) and no mount outlives the run. docs/testbed.md describes it.
 #
-# usage: sudo testbed/node/probe.sh [--keep]   (root; needs testbed/build.sh and
-#        testbed/node/build.sh outputs, runc, iptables, openssl, jq)
-# Writes everything to a temporary folder, printed at the start (kept with --keep or on failure
-# for the logs). Exit 0: the node became Ready and a pod ran to completion.
+# usage: sudo [NODES=2] [PROBE_STAGE=chart] testbed/node/probe.sh [--keep]
+#   default      NODES nodes (default 1) Ready, and a pod scheduled, started and Succeeded
+#   chart        then the Helm chart with its defaults (two replicas Ready), sample workloads,
+#                `external-endpoints check`, leadership moved by rollout restart, drain of the
+#                leader's node and SIGKILL of its container while workloads are added (no change
+#                lost), a deposed leader's write with its projected token (denied by the fencing
+#                policy), and the audit log checked for slice writes by a non-holder
+# Needs root, the binaries of testbed/build.sh (TESTBED_BUILD_KCM=1) and testbed/node/build.sh
+# (it does not build them: exit 2 when absent), runc, iptables, openssl, jq, util-linux, go; for
+# chart: scripts/image.sh's OCI layout (EE_IMAGE_OCI, default target/image/oci), the release
+# binary (EE_BIN, default target/release/external-endpoints), helm (HELM, default
+# ~/.cache/external-endpoints/helm-*/helm, scripts/build-tools.sh).
+# Writes everything to a temporary folder /tmp/ee36-probe.*, removed afterwards unless --keep or
+# the run failed (every component's log and the audit log are in it).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/../versions.env"; . "$here/versions.env"
 
 if [[ "${1:-}" != --inner ]]; then
-  tb=$("$here/../build.sh" 2>/dev/null | tail -n1)
-  nb=${NB:-$("$here/build.sh" 2>/dev/null | tail -n1)}
-  [[ -x "$tb/kube-controller-manager" ]] || { echo "probe: no kube-controller-manager in $tb (TESTBED_BUILD_KCM=1 testbed/build.sh)" >&2; exit 2; }
-  for c in runc openssl jq unshare ip; do command -v $c >/dev/null || { echo "probe: $c missing" >&2; exit 2; }; done
+  skip() { echo "probe: not run: $*" >&2; exit 2; }
+  [[ $(id -u) == 0 ]] || skip "needs root (network, PID and mount namespaces, cgroups)"
+  tb=${TB:-${EXTERNAL_ENDPOINTS_TESTBED_CACHE:-$HOME/.cache/external-endpoints/testbed}/${K8S_VERSION#v}-etcd${ETCD_VERSION#v}}
+  nb=${NB:-${EXTERNAL_ENDPOINTS_NODE_CACHE:-$HOME/.cache/external-endpoints/node}/${K8S_VERSION#v}-containerd${CONTAINERD_VERSION#v}-cni${CNI_PLUGINS_VERSION#v}}
+  for b in etcd kube-apiserver kubectl kube-controller-manager; do
+    [[ -x "$tb/$b" ]] || skip "no $tb/$b (TESTBED_BUILD_KCM=1 testbed/build.sh)"
+  done
+  for b in kubelet kube-scheduler kube-proxy containerd containerd-shim-runc-v2 ctr cni/bridge cni/host-local cni/loopback cni/portmap; do
+    [[ -x "$nb/$b" ]] || skip "no $nb/$b (testbed/node/build.sh)"
+  done
+  for c in runc iptables openssl jq unshare nsenter ip go; do command -v $c >/dev/null || skip "$c missing"; done
   D=$(mktemp -d /tmp/ee36-probe.XXXXXX)
   if [[ "${PROBE_STAGE:-}" == chart ]]; then
     # The image scripts/image.sh built (an OCI layout), as an archive for `ctr images import`.
     oci=${EE_IMAGE_OCI:-$here/../../target/image/oci}
-    [[ -f "$oci/index.json" ]] || { echo "probe: no image at $oci (scripts/image.sh)" >&2; exit 2; }
+    [[ -f "$oci/index.json" ]] || { rm -rf "$D"; skip "no image at $oci (scripts/image.sh)"; }
     tar -C "$oci" -cf "$D/ee-image.tar" .
     export EE_IMAGE_TAR=$D/ee-image.tar
     EE_BIN=${EE_BIN:-$here/../../target/release/external-endpoints}
-    HELM=${HELM:-$(ls -d "$HOME"/.cache/external-endpoints/helm-*/helm | tail -n1)}
+    HELM=${HELM:-$(ls -d "$HOME"/.cache/external-endpoints/helm-*/helm 2>/dev/null | tail -n1)}
+    [[ -x "$EE_BIN" ]] || { rm -rf "$D"; skip "no $EE_BIN (cargo build --release -p external-endpoints)"; }
+    [[ -x "$HELM" ]] || { rm -rf "$D"; skip "no helm (scripts/build-tools.sh)"; }
   fi
   NS=ee36-$$; created=()
   echo "probe: folder $D, network namespace $NS" >&2
@@ -33,11 +53,11 @@ if [[ "${1:-}" != --inner ]]; then
   CG=ee36-$$   # the kubelet's --cgroup-root, in every cgroup v1 hierarchy
   cleanup() {
     ip netns del "$NS" 2>/dev/null || true
-    # Cgroups outlive their processes: remove the tree, deepest first.
-    for d in "${created[@]}"; do rmdir "$d" 2>/dev/null || true; done
-    # (retried: the PID namespace's processes may take a moment to go)
-    local try
+    # Cgroups outlive their processes: remove the tree, deepest first; and the empty folders
+    # made for the private mounts. Retried: the PID namespace's processes may take a moment to go.
+    local try d
     for try in 1 2 3 4 5 6 7 8 9 10; do
+      for d in "${created[@]}"; do rmdir "$d" 2>/dev/null || true; done
       find /sys/fs/cgroup/*/"$CG" -depth -type d -exec rmdir {} + 2>/dev/null || true
       compgen -G "/sys/fs/cgroup/*/$CG" >/dev/null || break
       sleep 0.5
@@ -64,6 +84,7 @@ fi
 
 # ------------------------------------------------------------------ inside the namespaces
 HERE=$here
+exec 3>&2   # the run's stderr, for messages from inside wait_for's silenced checks
 mount --make-rshared /
 mount -t tmpfs tmpfs /run   # /run/netns, /run/containerd: private to the probe
 # Paths the kubelet, containerd and libcni use whatever their configuration says
@@ -261,8 +282,12 @@ for ((i = 1; i <= NODES; i++)); do
     P="$P" IMG="$IMG" EE_IMAGE_TAR="${EE_IMAGE_TAR:-}" "$HERE/node.sh" $i
   NODE_PID[$i]=$!   # node.sh itself (nsenter and unshare exec): its mount namespace is the node's
 done
+node_up() { # <i>: node I registered, failing at once when its node.sh ended
+  kill -0 "${NODE_PID[$1]}" 2>/dev/null || { log "node$1 stopped: $(tail -n 3 "$D/node$1.log")" 2>&3; exit 1; }
+  k get node "node$1"
+}
 for ((i = 1; i <= NODES; i++)); do
-  wait_for "node$i registered" 180 k get node node$i
+  wait_for "node$i registered" 180 node_up $i
   wait_for "node$i Ready" 180 k wait --for=condition=Ready node/node$i --timeout=1s
 done
 k get nodes -o wide >&2
