@@ -35,6 +35,8 @@ if [[ "${1:-}" != --inner ]]; then
     [[ -x "$nb/$b" ]] || skip "no $nb/$b (testbed/node/build.sh)"
   done
   for c in runc iptables openssl jq unshare nsenter ip go; do command -v $c >/dev/null || skip "$c missing"; done
+  # Written for this kernel's cgroup v1 hierarchies (per-node cgroup roots in each of them).
+  [[ -d /sys/fs/cgroup/memory ]] || skip "no cgroup v1 memory hierarchy: cgroup v2 hosts are not handled yet"
   D=$(mktemp -d /tmp/ee36-probe.XXXXXX)
   if [[ "${PROBE_STAGE:-}" == chart ]]; then
     # The image scripts/image.sh built (an OCI layout), as an archive for `ctr images import`.
