@@ -34,7 +34,7 @@ if [[ "${1:-}" != --inner ]]; then
   for b in kubelet kube-scheduler kube-proxy containerd containerd-shim-runc-v2 ctr cni/bridge cni/host-local cni/loopback cni/portmap; do
     [[ -x "$nb/$b" ]] || skip "no $nb/$b (testbed/node/build.sh)"
   done
-  for c in runc iptables openssl jq unshare nsenter ip go; do command -v $c >/dev/null || skip "$c missing"; done
+  for c in runc iptables openssl jq unshare nsenter ip go curl; do command -v $c >/dev/null || skip "$c missing"; done
   # Written for this kernel's cgroup v1 hierarchies (per-node cgroup roots in each of them).
   [[ -d /sys/fs/cgroup/memory ]] || skip "no cgroup v1 memory hierarchy: cgroup v2 hosts are not handled yet"
   D=$(mktemp -d /tmp/ee36-probe.XXXXXX)
@@ -350,9 +350,32 @@ EOW
   k patch -n demo externalworkload w$n --subresource=status --type=merge -p \
     "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"lastTransitionTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\",\"reason\":\"Probe\",\"message\":\"probe\"}]}}" >/dev/null
 }
-churn_start() { # workloads added one after another in the background until churn_stop
+# The churn: workloads created (and marked Ready) at a steady RATE per second (default 20) with
+# curl and the admin certificate (kubectl's start-up alone takes longer than 1/20 s here).
+api() { # <method> <path> <content type> <body>
+  curl -sS --fail -o /dev/null --cacert "$P/ca.crt" --cert "$P/admin.crt" --key "$P/admin.key" \
+    -X "$1" -H "Content-Type: $3" --data-binary "$4" "https://$IP:6443$2"
+}
+workload_fast() {
+  local n=$1 ip="10.1.$(($1 / 250)).$(($1 % 250 + 1))" base=/apis/workload.linkerd.io/v1beta1/namespaces/demo/externalworkloads
+  api POST "$base" application/json \
+    "{\"apiVersion\":\"workload.linkerd.io/v1beta1\",\"kind\":\"ExternalWorkload\",\"metadata\":{\"name\":\"w$n\",\"labels\":{\"app\":\"web\"}},\"spec\":{\"meshTLS\":{\"identity\":\"w$n.demo.serviceaccount.identity.linkerd.cluster.local\",\"serverName\":\"w$n.demo.cluster.local\"},\"workloadIPs\":[{\"ip\":\"$ip\"}],\"ports\":[{\"name\":\"http\",\"port\":8080}]}}"
+  api PATCH "$base/w$n/status" application/merge-patch+json \
+    "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"lastTransitionTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\",\"reason\":\"Probe\",\"message\":\"probe\"}]}}"
+}
+RATE=${RATE:-20}
+churn_start() { # workloads added at RATE/s in the background until churn_stop
   CHURN_FIRST=$1
-  ( n=$1; while [[ ! -e $D/churn.stop ]]; do workload $n; echo $n >"$D/churn.last"; n=$((n + 1)); done ) &
+  CHURN_T0=$EPOCHREALTIME
+  (
+    n=$1 k0=$1 t0=${EPOCHREALTIME/./}
+    while [[ ! -e $D/churn.stop ]]; do
+      workload_fast $n; echo $n >"$D/churn.last"; n=$((n + 1))
+      # the n-th workload is due at t0 + (n - k0) / RATE
+      wait_us=$((t0 + (n - k0) * 1000000 / RATE - ${EPOCHREALTIME/./}))
+      ((wait_us <= 0)) || sleep "$(printf '0.%06d' $((wait_us > 999999 ? 999999 : wait_us)))"
+    done
+  ) &
   CHURN=$!
 }
 churn_stop() { # sets LAST (not in $(...): only this shell can wait for the churn)
@@ -381,7 +404,8 @@ move() { # <name> <command...>: leadership moved while workloads are added
   local t0=$SECONDS
   "$@"
   churn_stop; local last=$LAST
-  log "$name: done in $((SECONDS - t0))s; lease before: $before; after: $(holder)"
+  local rate; rate=$(awk -v n=$((LAST + 1 - CHURN_FIRST)) -v a="$CHURN_T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", n / (b - a) }')
+  log "$name: done in $((SECONDS - t0))s; $((LAST + 1 - CHURN_FIRST)) workloads added meanwhile ($rate/s); lease before: $before; after: $(holder)"
   expect_all $((last + 1)) && log "$name: no change lost ($((last + 1)) workloads)"
 }
 rollout() { k -n $NSP rollout restart deploy/external-endpoints >&2; k -n $NSP rollout status deploy/external-endpoints --timeout=5m >&2; }
