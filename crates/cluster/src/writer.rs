@@ -1,9 +1,9 @@
 //! The fenced writer: sends a plan's writes, checking the fence immediately before each call.
 //! Everything the controller writes to the API (slices and Events) goes through [`KubeWrites`].
 //!
-//! Order: creates, then updates (those that add a workload to their slice first), then deletes,
-//! so endpoints are never missing between two calls;
-//! no delete once a create or update of the same pass failed; NotFound on delete is success.
+//! Order: creates, then updates (those that add a workload to their slice first, those that drop
+//! one another update adds last), then deletes, so endpoints are never missing between two calls;
+//! nothing more is sent once a write of the pass failed; NotFound on delete is success.
 //!
 //! Read your own writes (docs/architecture.md, "A fresh view", clause 2): each accepted write's
 //! answer enters the slice cache at once (a create or update with its resourceVersion, a delete
@@ -347,8 +347,9 @@ impl WriteRate {
 /// Sends `plan`'s writes for the pass's Service, fenced, recording each accepted write in the
 /// tracker.
 ///
-/// Returns the first error after sending every create and update it could; deletes are skipped
-/// once anything failed. A fenced write stops the pass at once.
+/// Stops at the first write that fails, and returns its error: the writes after it may depend on
+/// it (an update that drops a workload another update of the pass adds, a delete after a create
+/// or update), and the Service is planned again anyway. A fenced write stops the pass too.
 pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, WriteError> {
     let Pass {
         api,
@@ -362,11 +363,7 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
     } = pass;
     let namespace = key.namespace.as_str();
     let mut written = Written::default();
-    let mut first_error = None;
     for write in plan.writes() {
-        if first_error.is_some() && matches!(write, Write::Delete(_)) {
-            break;
-        }
         metrics
             .timing
             .observe(Stage::rate_limited, rate.acquire().await);
@@ -428,14 +425,11 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
             Err(error) => {
                 metrics.count_write_error(operation);
                 pass.unknown_outcome(&error);
-                first_error.get_or_insert(WriteError::from_api(slice, error));
+                return Err(WriteError::from_api(slice, error));
             }
         }
     }
-    match first_error {
-        Some(error) => Err(error),
-        None => Ok(written),
-    }
+    Ok(written)
 }
 
 /// Deletes `slice`, only that object in the version the plan saw (uid and resourceVersion

@@ -252,26 +252,47 @@ fn existing_targets<'a>(
         .collect()
 }
 
-/// Puts the updates that add a workload to their slice before the others, each part keeping its
-/// order. A workload moving from one slice to another is then in both for a moment, never in
-/// neither: a consumer never sees it removed and added back.
+/// Orders a pass's updates so that a workload moving from one slice to another is in both for a
+/// moment, never in neither (a consumer never sees it removed and added back): the updates that
+/// drop a workload another update of the pass adds go last, and among the rest those that add a
+/// workload to their slice go first; each part keeps its order. With the writer stopping at the
+/// first failed write, a move whose adding update fails never sends the update that drops it.
 fn gaining_first(updates: &mut [EndpointSlice], before: &BTreeMap<&str, BTreeSet<&str>>) {
-    let gains = |update: &EndpointSlice| {
-        let had = update
+    let targets = |update: &EndpointSlice| -> BTreeSet<String> {
+        update
+            .endpoints
+            .iter()
+            .flatten()
+            .filter_map(|endpoint| endpoint.target_ref.as_ref()?.name.clone())
+            .collect()
+    };
+    let had = |update: &EndpointSlice| -> BTreeSet<String> {
+        update
             .metadata
             .name
             .as_deref()
-            .and_then(|name| before.get(name));
-        update.endpoints.iter().flatten().any(|endpoint| {
-            endpoint
-                .target_ref
-                .as_ref()
-                .and_then(|target| target.name.as_deref())
-                .is_some_and(|name| !had.is_some_and(|had| had.contains(name)))
-        })
+            .and_then(|name| before.get(name))
+            .map(|had| had.iter().map(|name| (*name).to_string()).collect())
+            .unwrap_or_default()
     };
-    // A stable sort: `false` (gains) before `true`.
-    updates.sort_by_cached_key(|update| !gains(update));
+    let gained: BTreeSet<String> = updates
+        .iter()
+        .flat_map(|update| {
+            let had = had(update);
+            targets(update)
+                .into_iter()
+                .filter(move |name| !had.contains(name))
+        })
+        .collect();
+    updates.sort_by_cached_key(|update| {
+        let (had, now) = (had(update), targets(update));
+        let drops_moved = had
+            .iter()
+            .any(|name| !now.contains(name) && gained.contains(name));
+        let gains = now.iter().any(|name| !had.contains(name));
+        // A stable sort: `false` before `true`.
+        (drops_moved, !gains)
+    });
 }
 
 /// `base` rewritten to hold what `create` would have held.
@@ -414,6 +435,13 @@ mod tests {
                 &[("b", &["vm-3"])],
                 &[("b", &["vm-3"]), ("c", &["vm-9"])],
                 &["c", "b"],
+            ),
+            // A slice that gains one workload and drops another that moves elsewhere goes after
+            // the slice that takes the moved one: vm-2 moves from a to b while a gains vm-4.
+            (
+                &[("a", &["vm-1", "vm-2"]), ("b", &["vm-3"])],
+                &[("a", &["vm-1", "vm-4"]), ("b", &["vm-3", "vm-2"])],
+                &["b", "a"],
             ),
             // Three: the two that gain keep their order ahead of the one that drops.
             (

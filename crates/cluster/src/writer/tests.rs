@@ -157,14 +157,18 @@ async fn writes_creates_then_updates_then_deletes_and_records_each() {
 }
 
 #[tokio::test]
-async fn failed_create_sends_the_updates_but_no_delete() {
+async fn failed_create_stops_the_pass() {
     let api = TestApi::new().failing(&[("create web-", 500)]);
     let existing = stored(&api, &["web-a", "web-b", "web-c"]).await;
     let pass = Pass::new();
     let plan = plan(&["web-"], existing[..1].to_vec(), existing[1..].to_vec());
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(matches!(error, WriteError::Api { .. }), "{error:?}");
-    assert_eq!(api.calls(), ["create web-", "replace web-a"]);
+    assert_eq!(
+        api.calls(),
+        ["create web-"],
+        "nothing after the failed write"
+    );
     assert!(
         pass.must_read_back(),
         "a 500 may have been applied: the Service is read back first"
@@ -172,7 +176,7 @@ async fn failed_create_sends_the_updates_but_no_delete() {
 }
 
 #[tokio::test]
-async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
+async fn conflicting_update_is_reported_as_conflict_and_stops_the_pass() {
     let api = TestApi::new();
     let existing = stored(&api, &["web-a", "web-b", "web-c"]).await;
     // Someone replaces web-a after the plan saw it: the API refuses the update of the older version.
@@ -181,7 +185,7 @@ async fn conflicting_update_is_reported_as_conflict_and_blocks_the_deletes() {
     let plan = plan(&[], existing[..2].to_vec(), existing[2..].to_vec());
     let error = pass.write(&api, &plan).await.unwrap_err();
     assert!(matches!(error, WriteError::Conflict { .. }), "{error:?}");
-    assert_eq!(api.calls(), ["replace web-a", "replace web-b"]);
+    assert_eq!(api.calls(), ["replace web-a"], "nothing after the conflict");
     assert!(
         pass.must_read_back(),
         "a 409 refreshes the slices by a read, not by waiting for the watch"
