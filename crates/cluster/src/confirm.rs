@@ -1,15 +1,14 @@
 //! Clause 3's reads (docs/architecture.md, "A fresh view"): the Service of a pass that adds, and
-//! the added workloads the watermarks cannot vouch for ([`crate::view`]), are read from the API
-//! server, and the addition is written only if they agree with the view.
+//! the added workloads ([`crate::view`]), are read from the API server, and the addition is
+//! written only if they agree with the view.
 //!
 //! - the Service (a GET), always: a selector change the Service watch has not delivered could
 //!   make the addition wrong (the selector changed, then the workload's labels matched the old
 //!   one). It must still exist with the same uid and selector.
-//! - an added workload, when the workload watch has not read up to the Service's version (a GET
-//!   each, up to [`GET_AT_MOST`]; above that, one LIST by the Service's selector, so a replay of
-//!   many additions costs one read): a selector change could re-select a workload deleted just
-//!   before it, whose deletion the workload watch has not delivered. Each must still exist with
-//!   the same uid and be selected.
+//! - each added workload (a GET each, up to [`GET_AT_MOST`]; above that, one LIST by the
+//!   Service's selector, so a replay of many additions costs one read): a selector change could
+//!   re-select a workload deleted just before it, or a relabel the workload watch has not
+//!   delivered could have taken it out. Each must still exist with the same uid and be selected.
 //!
 //! A GET or LIST without a resourceVersion is a consistent read (served from etcd, or once the
 //! API server's cache has caught up with it), so it shows every change made before it. When a
@@ -149,7 +148,7 @@ mod tests {
 
     use super::*;
     use crate::test_api::TestApi;
-    use crate::view::{Admission, Marks, View, admit};
+    use crate::view::{Admission, View, admit};
 
     /// A plan for `service` and `workloads` over `existing`, and the workloads to read with the
     /// Service to confirm it when the Service watch has read nothing and the workload watch up
@@ -177,15 +176,10 @@ mod tests {
         let cached: Vec<&CachedWorkload> = cached.iter().collect();
         let held: Vec<CachedSlice> = existing.iter().map(CachedSlice::from).collect();
         let held: Vec<&CachedSlice> = held.iter().collect();
+        let _ = (&cached_service, workloads_read);
         let view = View {
             unresolved_write: false,
-            service: &cached_service,
             added: added(&plan, &held, &cached),
-            marks: Marks {
-                services: 0,
-                workloads: workloads_read,
-                slices: 0,
-            },
         };
         match admit(&view) {
             Admission::Write => None,
@@ -220,8 +214,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_plan_that_adds_a_workload_is_confirmed_and_its_workloads_only_when_the_service_is_newer()
-     {
+    fn only_a_plan_that_adds_a_workload_is_confirmed_with_the_workloads_it_adds() {
         let one = [vm("vm-1", "10.0.0.1").build()];
         let two = [
             vm("vm-1", "10.0.0.1").build(),
@@ -233,10 +226,9 @@ mod tests {
         // these workloads)
         type Case<'a> = (&'a [ExternalWorkload], u64, Option<Vec<String>>);
         let cases: [Case; 5] = [
-            // vm-2 is new to the slices: the Service is read; the workload cache has read past
-            // the Service, so vm-2 is not.
-            (&two, 60, Some(vec![])),
-            // The Service is newer than the workload cache: vm-2 is read too.
+            // vm-2 is new to the slices: the Service and vm-2 are read, however far the
+            // workload watch has read.
+            (&two, 60, Some(vec!["vm-2".into()])),
             (&two, 40, Some(vec!["vm-2".into()])),
             // Nothing new: the slices are right.
             (&one, 40, None),

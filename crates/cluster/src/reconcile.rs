@@ -199,13 +199,11 @@ async fn reconcile_inner(
 
         let view = View {
             unresolved_write: shared.own_writes && state.tracker.lock().needs_read_back(key),
-            service: &service,
             added: if shared.additions {
                 confirm::added(&plan, &existing, &workloads)
             } else {
                 Vec::new()
             },
-            marks,
         };
         match view::admit(&view) {
             Admission::Write => {}

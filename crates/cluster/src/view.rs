@@ -7,18 +7,17 @@
 //! 2. the pass's own last write for that Service: each answer enters the slice cache at once
 //!    ([`crate::writer`]), and a write whose outcome is unknown holds the Service until a
 //!    consistent read of its slices is in the cache ([`Admission::ReadBack`]);
-//! 3. for an endpoint the pass adds, the Service as it is now, and the workload at least as of
-//!    the Service's version: the Service by a read from the API server, always (its selector
-//!    decides membership, and a watermark can only show that a watch has read up to some past
-//!    point, never up to now), and the workload by the watermarks ([`Marks`]: how far each kind's
-//!    watch has read), or by a read where they cannot show it ([`Admission::Confirm`],
-//!    [`crate::confirm`]).
+//! 3. for an endpoint the pass adds, the Service and the added workloads as the API server has
+//!    them now: read after the plan ([`Admission::Confirm`], [`crate::confirm`]). The watermarks
+//!    ([`Marks`]: how far each kind's watch has read) can only show that a watch has read up to
+//!    some past point, never up to now; a selector change or a relabel just after that point,
+//!    with a published removal before it, would otherwise be put back.
 //!
 //! [`admit`] is that decision; the reconcile acts on its answer and counts every wait under one
 //! [`Wait`] reason.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
-use slices::{CachedService, CachedWorkload, Token};
+use slices::CachedWorkload;
 
 /// Why a pass did not write, or a term did not yet replay: the `reason` label of
 /// `external_endpoints_view_waits_total` and the `wait` field of the reconcile's log line.
@@ -75,12 +74,8 @@ pub struct Marks {
 pub struct View<'a> {
     /// A write of ours for this Service has an outcome not yet read back (clause 2).
     pub unresolved_write: bool,
-    /// The Service, as cached.
-    pub service: &'a CachedService,
     /// The workloads the plan adds to the Service's slices (none held there yet).
     pub added: Vec<&'a CachedWorkload>,
-    /// The watermarks when the view was taken.
-    pub marks: Marks,
 }
 
 /// What [`admit`] decided.
@@ -103,12 +98,11 @@ pub enum Admission<'a> {
 
 /// Decides whether a pass with this view may write (module docs).
 ///
-/// Clause 3: an addition is written only after a read of the Service shows it unchanged (same
-/// uid, same selector), and only while the workload watch has read up to the Service's version
-/// and the workload's own (else the workload is read too). So the Service selects the workload
-/// as of now, and the workload is at least as new as the Service's selector: never a newer
-/// Service combined with an older workload (a selector change that re-selects a workload deleted
-/// just before it), nor an addition by a selector the Service has left.
+/// Clause 3: an addition is written only after reads of the Service (same uid, same selector)
+/// and of the added workloads (same uid, still selected) agree with the view: the Service
+/// selects the workload as of now. Never a newer Service combined with an older workload (a
+/// selector change that re-selects a workload deleted just before it), nor an addition by a
+/// selector the Service has left, nor a workload relabelled out of it a moment ago.
 pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
     if view.unresolved_write {
         return Admission::ReadBack;
@@ -116,34 +110,16 @@ pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
     if view.added.is_empty() {
         return Admission::Write;
     }
-    let service_version = version(view.service.resource_version.as_ref());
-    let workloads = view
-        .added
-        .iter()
-        .copied()
-        .filter(|workload| {
-            let follows_from = service_version.max(version(workload.resource_version.as_ref()));
-            view.marks.workloads < follows_from
-        })
-        .collect();
     Admission::Confirm {
         service: true,
-        workloads,
-    }
-}
-
-/// A resourceVersion as a number; a missing one, or one that is not a number, is newer than any
-/// watermark (`u64::MAX`), so only a read can vouch for it.
-pub(crate) fn version(version: Option<&Token>) -> u64 {
-    match version {
-        Some(Token::Number(number)) => *number,
-        _ => u64::MAX,
+        workloads: view.added.clone(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Service;
+    use slices::CachedService;
     use slices::testing::{vm, web};
 
     use super::*;
@@ -183,29 +159,16 @@ mod tests {
         let rows: &[Row] = &[
             // Nothing added: only clause 2 can hold a pass.
             ("10", &[], marks(0, 0), false, None),
-            // An addition: the Service is always read; the workload watch past both versions
-            // vouches for the workload.
-            ("10", &["20"], marks(20, 20), false, Some((true, &[]))),
-            ("10", &["20"], marks(0, 30), false, Some((true, &[]))),
-            // The workload watch not yet at the Service's version (a deletion it has not
-            // delivered, made before a selector change): that workload is read too.
-            ("30", &["20"], marks(30, 29), false, Some((true, &["vm-0"]))),
-            // Each workload judged on its own (vm-1's own version not yet read: a race between
-            // the watermark and the cache read).
+            // An addition: the Service and the added workloads are read, whatever the
+            // watermarks.
+            ("10", &["20"], marks(20, 20), false, Some((true, &["vm-0"]))),
+            ("10", &["20"], marks(0, 30), false, Some((true, &["vm-0"]))),
             (
                 "25",
                 &["20", "35"],
                 marks(40, 30),
                 false,
-                Some((true, &["vm-1"])),
-            ),
-            // A version that is not a number is vouched for by a read only.
-            (
-                "opaque",
-                &["20"],
-                marks(100, 100),
-                false,
-                Some((true, &["vm-0"])),
+                Some((true, &["vm-0", "vm-1"])),
             ),
             // Clause 2 first: an unresolved write is read back before anything else.
             ("10", &["20"], marks(20, 20), true, None),
@@ -220,11 +183,10 @@ mod tests {
                 .enumerate()
                 .map(|(i, version)| workload(&format!("vm-{i}"), version))
                 .collect();
+            let _ = (service, marks);
             let view = View {
                 unresolved_write: *unresolved,
-                service: &service,
                 added: workloads.iter().collect(),
-                marks: *marks,
             };
             let admission = admit(&view);
             let expected = match (unresolved, expected) {
