@@ -151,32 +151,20 @@ mod tests {
     use crate::view::{Admission, View, admit};
 
     /// A plan for `service` and `workloads` over `existing`, and the workloads to read with the
-    /// Service to confirm it when the Service watch has read nothing and the workload watch up
-    /// to `workloads_read` (`None`: nothing to confirm).
+    /// Service to confirm it (`None`: nothing to confirm).
     fn needs(
         service: &Service,
         workloads: &[ExternalWorkload],
         existing: &[EndpointSlice],
-        workloads_read: u64,
     ) -> Option<Vec<String>> {
         let config = Config::default();
         let refs: Vec<&ExternalWorkload> = workloads.iter().collect();
         let slices: Vec<&EndpointSlice> = existing.iter().collect();
         let plan = plan_slices(service, &refs, &slices, &config, &time(1));
-        let cached_service = CachedService::from(service);
-        // Every workload as the watch delivered it, at version 10.
-        let cached: Vec<CachedWorkload> = workloads
-            .iter()
-            .map(|workload| {
-                let mut workload = workload.clone();
-                workload.metadata.resource_version = Some("10".into());
-                CachedWorkload::from(&workload)
-            })
-            .collect();
+        let cached: Vec<CachedWorkload> = workloads.iter().map(CachedWorkload::from).collect();
         let cached: Vec<&CachedWorkload> = cached.iter().collect();
         let held: Vec<CachedSlice> = existing.iter().map(CachedSlice::from).collect();
         let held: Vec<&CachedSlice> = held.iter().collect();
-        let _ = (&cached_service, workloads_read);
         let view = View {
             unresolved_write: false,
             added: added(&plan, &held, &cached),
@@ -222,38 +210,30 @@ mod tests {
         ];
         let service = versioned(web().build(), "50");
         let held = published(&service, &one);
-        // (workloads planned, workload watch's version, what is read: None, or the Service and
-        // these workloads)
-        type Case<'a> = (&'a [ExternalWorkload], u64, Option<Vec<String>>);
-        let cases: [Case; 5] = [
-            // vm-2 is new to the slices: the Service and vm-2 are read, however far the
-            // workload watch has read.
-            (&two, 60, Some(vec!["vm-2".into()])),
-            (&two, 40, Some(vec!["vm-2".into()])),
+        // (workloads planned, what is read: None, or the Service and these workloads)
+        type Case<'a> = (&'a [ExternalWorkload], Option<Vec<String>>);
+        let cases: [Case; 4] = [
+            // vm-2 is new to the slices: the Service and vm-2 are read.
+            (&two, Some(vec!["vm-2".into()])),
             // Nothing new: the slices are right.
-            (&one, 40, None),
+            (&one, None),
             // A removal adds nothing.
-            (&[], 40, None),
+            (&[], None),
             // vm-1 changes address: an update of a held endpoint adds nothing.
-            (&[vm("vm-1", "10.0.0.9").build()], 40, None),
+            (&[vm("vm-1", "10.0.0.9").build()], None),
         ];
-        for (index, (workloads, read, expected)) in cases.into_iter().enumerate() {
-            assert_eq!(
-                needs(&service, workloads, &held, read),
-                expected,
-                "case {index}"
-            );
+        for (index, (workloads, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(needs(&service, workloads, &held), expected, "case {index}");
         }
     }
 
     #[test]
-    fn a_workload_recreated_under_its_name_is_an_addition_and_a_version_not_a_number_is_newer() {
+    fn a_workload_recreated_under_its_name_is_an_addition() {
         let service = web().build();
         let held = published(&service, &[vm("vm-1", "10.0.0.1").build()]);
         let recreated = [vm("vm-1", "10.0.0.1").uid("uid-ew-vm-1-again").build()];
-        // No resourceVersion on the Service: counted as newer than any workload version.
         assert_eq!(
-            needs(&service, &recreated, &held, 1_000),
+            needs(&service, &recreated, &held),
             Some(vec!["vm-1".into()])
         );
     }

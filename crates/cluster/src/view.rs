@@ -27,14 +27,14 @@ pub enum Wait {
     /// Clause 1: a new term's caches were brought up to its acquisition point before the replay
     /// (counted once per term).
     acquiring,
-    /// Clause 3: an addition the watermarks could not vouch for, and the API server's answer
-    /// disagreed with the view, while a watch that lost its stream had not yet caught up.
+    /// Clause 3: the API server's answer to an addition's reads disagreed with the view, while
+    /// a watch that lost its stream had not yet caught up.
     lost_watch,
     /// Clause 2: a write of this Service's slices had an unknown outcome (or met a 409); its
     /// slices were read back before planning again.
     own_writes,
-    /// Clause 3: an addition the watermarks could not vouch for, and the API server no longer
-    /// has the Service selecting that workload (one watch behind another).
+    /// Clause 3: the API server no longer has the Service selecting a workload the pass would add
+    /// (one watch behind another, or behind the API server).
     unconfirmed,
 }
 
@@ -85,9 +85,8 @@ pub enum Admission<'a> {
     Write,
     /// Clause 2: read the Service's slices back from the API server, then plan again.
     ReadBack,
-    /// Clause 3: the watermarks cannot show that the view is at least as new as what the
-    /// additions follow from; read these from the API server first, and write only if they
-    /// agree with the view.
+    /// Clause 3: read these from the API server first, and write only if they agree with the
+    /// view.
     Confirm {
         /// Read the Service (its uid and selector must be unchanged).
         service: bool,
@@ -118,72 +117,35 @@ pub fn admit<'a>(view: &View<'a>) -> Admission<'a> {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::Service;
-    use slices::CachedService;
-    use slices::testing::{vm, web};
+    use slices::testing::vm;
 
     use super::*;
 
-    fn service(version: &str) -> CachedService {
-        let mut service: Service = web().build();
-        service.metadata.resource_version = Some(version.into());
-        CachedService::from(&service)
+    fn workload(name: &str) -> CachedWorkload {
+        CachedWorkload::from(&vm(name, "10.0.0.1").build())
     }
-
-    fn workload(name: &str, version: &str) -> CachedWorkload {
-        let mut workload = vm(name, "10.0.0.1").build();
-        workload.metadata.resource_version = Some(version.into());
-        CachedWorkload::from(&workload)
-    }
-
-    fn marks(services: u64, workloads: u64) -> Marks {
-        Marks {
-            services,
-            workloads,
-            slices: 0,
-        }
-    }
-
-    /// One row: the Service's version, the added workloads' versions, the watermarks, whether a
-    /// write is unresolved, and what must be read (None: write; Some((service, workloads))).
-    type Row = (
-        &'static str,
-        &'static [&'static str],
-        Marks,
-        bool,
-        Option<(bool, &'static [&'static str])>,
-    );
 
     #[test]
     fn admission_by_clause() {
+        // (added workloads, a write unresolved, what must be read: None to write, or the
+        // Service and these workloads)
+        type Row = (
+            &'static [&'static str],
+            bool,
+            Option<&'static [&'static str]>,
+        );
         let rows: &[Row] = &[
             // Nothing added: only clause 2 can hold a pass.
-            ("10", &[], marks(0, 0), false, None),
-            // An addition: the Service and the added workloads are read, whatever the
-            // watermarks.
-            ("10", &["20"], marks(20, 20), false, Some((true, &["vm-0"]))),
-            ("10", &["20"], marks(0, 30), false, Some((true, &["vm-0"]))),
-            (
-                "25",
-                &["20", "35"],
-                marks(40, 30),
-                false,
-                Some((true, &["vm-0", "vm-1"])),
-            ),
+            (&[], false, None),
+            // An addition: the Service and every added workload are read.
+            (&["vm-1"], false, Some(&["vm-1"])),
+            (&["vm-1", "vm-2"], false, Some(&["vm-1", "vm-2"])),
             // Clause 2 first: an unresolved write is read back before anything else.
-            ("10", &["20"], marks(20, 20), true, None),
-            ("10", &[], marks(0, 0), true, None),
+            (&["vm-1"], true, None),
+            (&[], true, None),
         ];
-        for (index, (service_version, added, marks, unresolved, expected)) in
-            rows.iter().enumerate()
-        {
-            let service = service(service_version);
-            let workloads: Vec<CachedWorkload> = added
-                .iter()
-                .enumerate()
-                .map(|(i, version)| workload(&format!("vm-{i}"), version))
-                .collect();
-            let _ = (service, marks);
+        for (index, (added, unresolved, expected)) in rows.iter().enumerate() {
+            let workloads: Vec<CachedWorkload> = added.iter().map(|name| workload(name)).collect();
             let view = View {
                 unresolved_write: *unresolved,
                 added: workloads.iter().collect(),
@@ -192,8 +154,8 @@ mod tests {
             let expected = match (unresolved, expected) {
                 (true, _) => Admission::ReadBack,
                 (false, None) => Admission::Write,
-                (false, Some((service, names))) => Admission::Confirm {
-                    service: *service,
+                (false, Some(names)) => Admission::Confirm {
+                    service: true,
                     workloads: workloads
                         .iter()
                         .filter(|workload| names.contains(&&*workload.name))
