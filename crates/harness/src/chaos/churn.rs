@@ -291,14 +291,21 @@ impl Model {
         }
         let port = self.services[name].target.unwrap_or(WORKLOAD_PORT);
         for slice in cluster.slices_of(name).await {
+            // A placeholder (docs/slices.md): the last slice of a family kept empty when its
+            // last endpoint left, with no endpoints and no ports.
+            let placeholder = slice.endpoints.as_ref().is_none_or(Vec::is_empty);
             let ports: Vec<Option<i32>> = slice
                 .ports
                 .unwrap_or_default()
                 .iter()
                 .map(|p| p.port)
                 .collect();
-            if ports != [Some(port)] {
-                return Err(format!("service {name}: ports {ports:?}, expected {port}"));
+            let expected: &[Option<i32>] = if placeholder { &[] } else { &[Some(port)] };
+            if ports != expected {
+                return Err(format!(
+                    "service {name}: ports {ports:?}, expected {expected:?}{}",
+                    if placeholder { " (a placeholder)" } else { "" }
+                ));
             }
         }
         Ok(())
