@@ -1,6 +1,6 @@
 //! One reconcile: caches → plan → the fresh-view rule ([`crate::view::admit`]) → fenced writes.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use leadership::{Action, Fenced, TermContext};
@@ -170,8 +170,6 @@ async fn reconcile_inner(
     // from the view that holds what they did.
     loop {
         let planning = Instant::now();
-        // Before the caches: each cache holds at least everything up to its watermark.
-        let marks = shared.health.marks();
         let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
             // Deleted: its slices go by garbage collection (owner reference).
             state.tracker.lock().forget(key);
@@ -234,7 +232,7 @@ async fn reconcile_inner(
                     shared.metrics.count_wait(reason);
                     tracing::debug!(
                         wait = ?reason,
-                        ?marks,
+                        marks = ?shared.health.marks(),
                         "the API server no longer has the Service selecting a workload to add; \
                          looking again once the watches have read further"
                     );
@@ -327,31 +325,13 @@ async fn read_back(shared: &Shared, key: &ServiceKey) -> Result<(), ReconcileErr
         .await
         .map_err(ReconcileError::ReadBack)?;
     let caches = &shared.caches;
-    let mut names = HashSet::new();
-    for slice in &listed {
-        if let Some(name) = slice.metadata.name.as_deref() {
-            names.insert(name.to_string());
-        }
-        drop(
-            caches
-                .slices
-                .apply(CachedSlice::new(slice, &*caches.interner)),
-        );
-    }
-    for cached in caches.slices_of(key) {
-        let older = match cached.resource_version.as_ref() {
-            Some(slices::Token::Number(number)) => *number <= version,
-            _ => true,
-        };
-        if !names.contains(&*cached.name) && older {
-            caches.slices.remove_known_gone(
-                &cached.namespace,
-                &cached.name,
-                cached.uid.clone(),
-                version,
-            );
-        }
-    }
+    let listed = listed
+        .iter()
+        .map(|slice| CachedSlice::new(slice, &*caches.interner))
+        .collect();
+    caches
+        .slices
+        .read_group(&key.namespace, &key.name, listed, version);
     Ok(())
 }
 

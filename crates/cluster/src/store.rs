@@ -322,6 +322,27 @@ impl<K: Cached> Store<K> {
         old
     }
 
+    /// Puts a consistent read of one group in place (read at `version`): stores each of `listed`
+    /// (unless the store holds it newer), and forgets as gone, tombstoned at `version`, the
+    /// group's cached objects the read no longer holds, but not those newer than the read (our
+    /// own answers since), as [`Store::finish_relist`] does for a whole kind.
+    pub fn read_group(&self, namespace: &str, group: &str, listed: Vec<K>, version: u64) {
+        let names: HashSet<Text> = listed.iter().map(|object| object.name().clone()).collect();
+        for object in listed {
+            drop(self.apply(object));
+        }
+        for cached in self.in_group(namespace, group) {
+            if !names.contains(cached.name()) && (version == 0 || !newer_than(&*cached, version)) {
+                self.remove_known_gone(
+                    cached.namespace(),
+                    cached.name(),
+                    cached.uid().cloned(),
+                    version,
+                );
+            }
+        }
+    }
+
     /// Starts a re-list. Listed objects go into the cache one by one as they arrive
     /// ([`Store::relist_apply`]), so a re-list never holds a second copy of the content;
     /// [`Store::finish_relist`] then removes what the list did not hold. Until then the cache
@@ -746,6 +767,31 @@ mod tests {
         assert!(
             cache.apply(slice("s1", "web", "7")).is_some(),
             "forgotten once no answer can still come"
+        );
+    }
+
+    #[test]
+    fn a_read_of_one_group_forgets_what_it_no_longer_holds_but_not_newer_answers() {
+        let cache = Store::grouped(by_service);
+        cache.apply(slice("gone", "web", "3"));
+        cache.apply(slice("kept", "web", "4"));
+        cache.apply(slice("ours", "web", "12"));
+        cache.apply(slice("other", "api", "2"));
+        cache.read_group("ns", "web", vec![slice("kept", "web", "9")], 10);
+        let names: Vec<String> = cache
+            .in_group("ns", "web")
+            .iter()
+            .map(|slice| slice.name.to_string())
+            .collect();
+        assert_eq!(names, ["kept", "ours"]);
+        assert_eq!(
+            cache.in_group("ns", "api").len(),
+            1,
+            "another group untouched"
+        );
+        assert!(
+            cache.apply(slice("gone", "web", "3")).is_none(),
+            "the watch's late report of it changes nothing"
         );
     }
 }

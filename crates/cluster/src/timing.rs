@@ -47,6 +47,9 @@ pub enum Stage {
     plan,
     /// Waiting for the write rate limit (`--write-qps`) before one write.
     rate_limited,
+    /// Waiting, before one write, for a renewal to make the lease safely held again (at most
+    /// the fence's margin; zero while renewals are quick).
+    fence_wait,
     /// One slice write: request sent → answer.
     write,
     /// Our write's answer → our own slice watch shows it.

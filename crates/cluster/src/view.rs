@@ -55,9 +55,9 @@ pub struct WaitLabels {
     pub reason: Wait,
 }
 
-/// How far each kind's watch had read when a pass took its view (0: nothing, or a version that
-/// is not a number). Taken before the caches are read: each cache holds at least everything up
-/// to its watermark.
+/// How far each kind's watch has read (0: nothing, or a version that is not a number): each
+/// cache holds at least everything up to its watermark. The acquisition barrier raises them
+/// (clause 1); a pass that waits on clause 3 logs them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
     /// Services.

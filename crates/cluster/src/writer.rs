@@ -367,8 +367,13 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
         metrics
             .timing
             .observe(Stage::rate_limited, rate.acquire().await);
-        // Immediately before the call: a deposed leader writes nothing.
-        fence.check()?;
+        // Immediately before the call: a deposed leader writes nothing. A lease that is not
+        // safely held right now (a renewal slower than RetryPeriod) is waited for, up to the
+        // fence's margin, rather than refused: a pass retried after a fixed delay can fall
+        // into step with slow renewals and miss every window in which the lease is safe.
+        metrics
+            .timing
+            .observe(Stage::fence_wait, fence.wait_until_safe().await?);
         let sending = Instant::now();
         let (operation, slice, sent, count) = match write {
             Write::Create(slice) => (

@@ -130,6 +130,44 @@ impl Fence {
         result
     }
 
+    /// [`Fence::check`], except that a lease not safely held *right now* is waited for rather
+    /// than refused: until a renewal makes it safe again (then `Ok`, with how long it waited),
+    /// the term ends ([`Fenced::TermEnded`]), or the renewal deadline passes
+    /// ([`Fenced::LeaseNotSafelyHeld`]). The wait is at most the fence's margin: the elector ends
+    /// a term whose lease was not renewed within RenewDeadline.
+    ///
+    /// Use it where a write is about to be sent after reads that took time: a renewal that takes
+    /// longer than RetryPeriod leaves the lease safely held only in short windows, and a write
+    /// checked at a fixed delay after its reads can fall into step with the renewals and miss
+    /// every window.
+    pub async fn wait_until_safe(&self) -> Result<Duration, Fenced> {
+        let started = Instant::now();
+        loop {
+            let now = Instant::now();
+            let result = self.evaluate(now);
+            let deadline = self
+                .term
+                .safely_held_until(Duration::ZERO)
+                .filter(|deadline| now < *deadline);
+            match (result, deadline) {
+                (Err(Fenced::LeaseNotSafelyHeld { .. }), Some(deadline)) => {
+                    let last = self.term.last_renewed_at();
+                    tokio::select! {
+                        biased;
+                        () = self.ended() => {}
+                        () = self.term.renewed_after(last) => {}
+                        () = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                (Ok(()), _) => return Ok(started.elapsed()),
+                (Err(fenced), _) => {
+                    self.metrics.fenced.fetch_add(1, Ordering::Relaxed);
+                    return Err(fenced);
+                }
+            }
+        }
+    }
+
     /// Records that the API server refused a write of this term because this process does not
     /// hold the Lease ([`is_fencing_policy_denial`](crate::is_fencing_policy_denial)):
     /// counted in [`FenceMetrics`] like a refusal of [`Fence::check`]. Returns the refusal to
@@ -240,6 +278,69 @@ mod tests {
         // A renewal makes it safe again.
         term.record_renewal(Instant::now());
         assert_eq!(fence.check(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_waits_for_the_next_renewal_rather_than_being_refused() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (_tx, rx) = watch::channel(Some(term.clone()));
+        let metrics = FenceMetrics::default();
+        let fence = Fence::new(term.clone(), rx, MARGIN, metrics.clone());
+        // Safely held: no wait.
+        assert_eq!(fence.wait_until_safe().await, Ok(Duration::ZERO));
+
+        // Past RenewDeadline − margin, a renewal 300 ms later makes it safe again.
+        advance(RENEW_DEADLINE - MARGIN).await;
+        let waiting = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.wait_until_safe().await }
+        });
+        tokio::task::yield_now().await; // the write starts waiting now
+        advance(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "no renewal yet: still waiting");
+        term.record_renewal(Instant::now());
+        assert_eq!(waiting.await.expect("task"), Ok(Duration::from_millis(300)));
+        assert_eq!(metrics.fenced(), 0, "a write that waited was not refused");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_write_is_refused_when_no_renewal_comes_or_the_term_ends() {
+        let term = Term::new(Instant::now(), RENEW_DEADLINE);
+        let (tx, rx) = watch::channel(Some(term.clone()));
+        let metrics = FenceMetrics::default();
+        let fence = Fence::new(term.clone(), rx, MARGIN, metrics.clone());
+
+        // No renewal: refused at RenewDeadline, after waiting at most the margin.
+        advance(RENEW_DEADLINE - MARGIN).await;
+        let started = Instant::now();
+        assert_eq!(
+            fence.wait_until_safe().await,
+            Err(Fenced::LeaseNotSafelyHeld { term: term.id() })
+        );
+        assert_eq!(Instant::now() - started, MARGIN);
+
+        // Past RenewDeadline it is not waited for at all.
+        assert_eq!(
+            fence.wait_until_safe().await,
+            Err(Fenced::LeaseNotSafelyHeld { term: term.id() })
+        );
+        assert_eq!(Instant::now() - started, MARGIN);
+
+        // The term ends while a write waits: refused at once as over. (A renewal sent 500 ms
+        // after the term began: not safely held now, yet not past RenewDeadline either.)
+        term.record_renewal(started - (RENEW_DEADLINE - MARGIN) + Duration::from_millis(500));
+        let waiting = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.wait_until_safe().await }
+        });
+        advance(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished());
+        tx.send_replace(None);
+        assert_eq!(
+            waiting.await.expect("task"),
+            Err(Fenced::TermEnded { term: term.id() })
+        );
+        assert_eq!(metrics.fenced(), 3);
     }
 
     #[tokio::test(start_paused = true)]

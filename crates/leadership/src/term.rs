@@ -13,7 +13,6 @@ use std::{
     time::Duration,
 };
 
-use parking_lot::Mutex;
 use tokio::{sync::watch, time::Instant};
 
 /// The current leadership of this process: `Some(term)` while leading, `None` while following.
@@ -56,8 +55,10 @@ pub struct FencingToken {
 }
 
 /// When the lease behind a term was last renewed, and how long a renewal keeps it safely held.
+/// A watch channel, so that a write waiting for the lease to be safely held again wakes at the
+/// renewal ([`Term::renewed_after`]).
 struct Renewal {
-    last_renewed_at: Mutex<Instant>,
+    last_renewed_at: watch::Sender<Instant>,
     /// `None` for a term that never ends (tests, single-replica setups).
     renew_deadline: Option<Duration>,
 }
@@ -72,7 +73,7 @@ impl Term {
             id: NEXT_TERM_ID.fetch_add(1, Ordering::Relaxed),
             acquired_at: renewed_at,
             renewal: Arc::new(Renewal {
-                last_renewed_at: Mutex::new(renewed_at),
+                last_renewed_at: watch::Sender::new(renewed_at),
                 renew_deadline: Some(renew_deadline),
             }),
             token: None,
@@ -101,7 +102,7 @@ impl Term {
             id: NEXT_TERM_ID.fetch_add(1, Ordering::Relaxed),
             acquired_at: now,
             renewal: Arc::new(Renewal {
-                last_renewed_at: Mutex::new(now),
+                last_renewed_at: watch::Sender::new(now),
                 renew_deadline: None,
             }),
             token: None,
@@ -121,15 +122,26 @@ impl Term {
     /// When the lease was last renewed successfully (local clock, taken before the request was
     /// sent, so it never overstates how long the lease is held).
     pub fn last_renewed_at(&self) -> Instant {
-        *self.renewal.last_renewed_at.lock()
+        *self.renewal.last_renewed_at.borrow()
     }
 
     /// Records a successful renewal that was sent at `at`. Renewal times never go backwards.
     pub(crate) fn record_renewal(&self, at: Instant) {
-        let mut last = self.renewal.last_renewed_at.lock();
-        if at > *last {
-            *last = at;
-        }
+        self.renewal.last_renewed_at.send_if_modified(|last| {
+            let newer = at > *last;
+            if newer {
+                *last = at;
+            }
+            newer
+        });
+    }
+
+    /// Completes once a renewal sent after `at` has been recorded (at once if one has). Never
+    /// completes for a term whose lease is no longer renewed: race it with the term's end.
+    pub(crate) async fn renewed_after(&self, at: Instant) {
+        let mut renewals = self.renewal.last_renewed_at.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let _ = renewals.wait_for(|last| *last > at).await;
     }
 
     /// Until when the lease is safely held, keeping `margin` in reserve: last renewal +
