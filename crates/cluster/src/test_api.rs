@@ -25,7 +25,7 @@ use kube::{
     runtime::events::Reporter,
 };
 use leadership::{
-    Fence,
+    Fence, Term,
     testing::{self, LeadershipSender},
 };
 use parking_lot::Mutex;
@@ -309,6 +309,19 @@ impl TestTerm {
         let (sender, leadership) = testing::leadership(Some(term.clone()));
         let fence = testing::fence(term, leadership, Duration::ZERO);
         Self { fence, sender }
+    }
+
+    /// A term of RenewDeadline `renew_deadline` whose lease was last renewed at `renewed_at`,
+    /// fenced with `margin` (its [`Term`] returned too, to renew it by hand).
+    pub fn renewed_at(
+        renewed_at: Instant,
+        renew_deadline: Duration,
+        margin: Duration,
+    ) -> (Self, Term) {
+        let term = testing::term(renewed_at, renew_deadline);
+        let (sender, leadership) = testing::leadership(Some(term.clone()));
+        let fence = testing::fence(term.clone(), leadership, margin);
+        (Self { fence, sender }, term)
     }
 
     /// Ends the term, as a lost lease does.

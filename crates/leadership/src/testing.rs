@@ -35,6 +35,13 @@ pub fn term(renewed_at: Instant, renew_deadline: Duration) -> Term {
     Term::new(renewed_at, renew_deadline)
 }
 
+/// Records a successful renewal of `term`'s lease, sent at `at`, as the elector does: its fence
+/// allows writes again until `at` + RenewDeadline − margin, and writes waiting for a renewal
+/// ([`Fence::wait_until_safe`]) go on.
+pub fn renew(term: &Term, at: Instant) {
+    term.record_renewal(at);
+}
+
 /// A new term that never expires; it ends only when its leadership value stops naming it
 /// (Linkerd's claim with expiry MAX).
 pub fn unbounded_term() -> Term {

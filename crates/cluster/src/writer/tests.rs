@@ -308,6 +308,57 @@ async fn term_ending_mid_pass_fences_every_later_call() {
     );
 }
 
+/// RenewDeadline and margin of the two tests below: renewed 9.5 s before the pass, the lease is
+/// past RenewDeadline − margin (not safely held) but not yet past RenewDeadline.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const MARGIN: Duration = Duration::from_secs(1);
+const RENEWED_BEFORE: Duration = Duration::from_millis(9500);
+
+#[tokio::test(start_paused = true)]
+async fn a_write_waits_for_the_renewal_that_makes_the_lease_safe_again_instead_of_failing_the_pass()
+{
+    let api = TestApi::new();
+    let mut pass = Pass::new();
+    let start = Instant::now();
+    let (term, renewed) = TestTerm::renewed_at(start - RENEWED_BEFORE, RENEW_DEADLINE, MARGIN);
+    pass.term = term;
+    // A renewal (slower than RetryPeriod) is answered 300 ms into the pass.
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        leadership::testing::renew(&renewed, start);
+    });
+    let written = pass
+        .write(&api, &plan(&["web-"], Vec::new(), Vec::new()))
+        .await
+        .expect("written once the renewal came");
+    assert_eq!(written.created, 1);
+    assert_eq!(api.calls(), ["create web-"]);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(300),
+        "sent at the renewal"
+    );
+    assert!(pass.term.fence.is_current());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_that_no_renewal_makes_safe_is_refused_at_renew_deadline_and_nothing_is_sent() {
+    let api = TestApi::new();
+    let mut pass = Pass::new();
+    let start = Instant::now();
+    (pass.term, _) = TestTerm::renewed_at(start - RENEWED_BEFORE, RENEW_DEADLINE, MARGIN);
+    let error = pass
+        .write(&api, &plan(&["web-"], Vec::new(), Vec::new()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, WriteError::Fenced(Fenced::LeaseNotSafelyHeld { .. })),
+        "{error:?}"
+    );
+    assert_eq!(start.elapsed(), RENEW_DEADLINE - RENEWED_BEFORE);
+    assert!(api.calls().is_empty(), "nothing sent");
+}
+
 #[tokio::test]
 async fn refusal_by_the_fencing_policy_is_a_fenced_write_that_stops_the_pass() {
     let api = TestApi::new();
