@@ -47,19 +47,34 @@
 //! - `resourceVersionMatch=Exact` and `NotOlderThan` are served from the history like any read;
 //!   all reads are consistent (there is no lagging cache to read from).
 
+mod cache;
+mod convert;
+mod faults;
 mod http;
 mod kinds;
+mod patch;
 mod selector;
 mod store;
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 
-pub use crate::http::{ApiService, Body};
-use crate::store::Store;
+use crate::{faults::Faults, kinds::Resource, store::Store};
+pub use crate::{
+    faults::{LostAnswer, ReadRace},
+    http::{ApiService, Body},
+};
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -70,6 +85,20 @@ pub struct ServerConfig {
     pub compaction_window: u64,
     /// How often an open watch that asked for bookmarks gets one.
     pub bookmark_interval: Duration,
+    /// The API server instances behind the one address, each with its own watch caches (at
+    /// least one; an empty list is one instance with no lag). A request goes to one of them,
+    /// picked by the seed, unless its service is pinned ([`ApiServer::service_on`]); a watch
+    /// stays on the instance it was opened on.
+    pub instances: Vec<Instance>,
+}
+
+/// One API server instance: how far behind the store each of its watch caches is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Instance {
+    /// The lag of the caches not named in `lags`.
+    pub lag: Duration,
+    /// The lag of named caches, by resource (`"leases.coordination.k8s.io"`, `"services"`).
+    pub lags: BTreeMap<String, Duration>,
 }
 
 /// The in-memory API server. Cheap to clone; clones share everything.
@@ -108,6 +137,16 @@ pub struct WriteRequest {
     pub name: String,
     /// The object as it will be stored (`None` for a delete).
     pub object: Option<Value>,
+    /// The watch caches of the instance that serves it: what its admission policies see (a
+    /// fencing policy reads the Lease from there, as lagging as that cache is).
+    pub cache: CacheView,
+}
+
+/// The watch caches of one instance, for reading objects as that instance currently sees them.
+#[derive(Clone)]
+pub struct CacheView {
+    inner: Weak<Inner>,
+    instance: usize,
 }
 
 /// A write that was applied, for observers.
@@ -162,6 +201,19 @@ struct Inner {
     admission: Mutex<Option<Admission>>,
     log: Mutex<Vec<LogEntry>>,
     started: Instant,
+    /// The newest revision, sent on every commit: open watches wake on it.
+    revisions: watch::Sender<u64>,
+    /// Counts [`ApiServer::close_watches`] calls: open watches wake on it and look whether
+    /// they were closed.
+    closures: watch::Sender<u64>,
+    /// Watches closed by the server: of one resource (or all), those with an id below.
+    closed: Mutex<Vec<(Option<(&'static str, &'static str)>, u64)>>,
+    /// The id of the next watch opened.
+    next_watch: AtomicU64,
+    /// The faults armed for coming requests.
+    faults: Mutex<Faults>,
+    /// Picks the instance of each request (when there are several).
+    balance: Mutex<u64>,
 }
 
 // === impl ServerConfig ===
@@ -172,7 +224,133 @@ impl Default for ServerConfig {
             seed: 0,
             compaction_window: 100_000,
             bookmark_interval: Duration::from_secs(60),
+            instances: vec![Instance::default()],
         }
+    }
+}
+
+// === impl Instance ===
+
+impl Instance {
+    /// An instance whose caches all lag by `lag`.
+    pub fn lagging(lag: Duration) -> Self {
+        Self {
+            lag,
+            lags: BTreeMap::new(),
+        }
+    }
+
+    /// The same, with the cache of `resource` (`"leases.coordination.k8s.io"`) lagging by `lag`.
+    #[must_use]
+    pub fn with_lag(mut self, resource: &str, lag: Duration) -> Self {
+        self.lags.insert(resource.to_string(), lag);
+        self
+    }
+
+    /// An instance whose every cache lags by its own amount up to `max`, drawn from `seed`.
+    pub fn seeded(seed: u64, max: Duration) -> Self {
+        let mut random = seed;
+        let mut lags = BTreeMap::new();
+        for resource in kinds::RESOURCES {
+            let name = resource.qualified();
+            if lags.contains_key(&name) {
+                continue;
+            }
+            let draw = store::splitmix(&mut random);
+            let millis = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+            lags.insert(name, Duration::from_millis(draw % millis.saturating_add(1)));
+        }
+        Self {
+            lag: Duration::ZERO,
+            lags,
+        }
+    }
+
+    fn lag_of(&self, storage: (&str, &str)) -> Duration {
+        let name = if storage.0.is_empty() {
+            storage.1.to_string()
+        } else {
+            format!("{}.{}", storage.1, storage.0)
+        };
+        self.lags.get(&name).copied().unwrap_or(self.lag)
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    /// How far instance `instance`'s cache of `storage` lags.
+    fn lag(&self, instance: usize, storage: (&str, &str)) -> Duration {
+        self.config
+            .instances
+            .get(instance)
+            .map_or(Duration::ZERO, |config| config.lag_of(storage))
+    }
+
+    /// The version instance `instance`'s cache of `storage` is at now, and when the change
+    /// after it was committed (the cache reaches it `lag` later).
+    fn cache_version(&self, instance: usize, storage: (&str, &str)) -> (u64, Option<Instant>) {
+        let seen_until = Instant::now()
+            .checked_sub(self.lag(instance, storage))
+            .unwrap_or(self.started)
+            .max(self.started);
+        self.store.lock().version_at(seen_until)
+    }
+
+    /// Whether the watch `id` of `resource` was closed by the server.
+    fn watch_closed(&self, id: u64, resource: Resource) -> bool {
+        self.closed.lock().iter().any(|(storage, below)| {
+            id < *below && storage.is_none_or(|storage| storage == resource.storage())
+        })
+    }
+
+    /// The instance of the next request.
+    fn pick_instance(&self) -> usize {
+        let count = self.config.instances.len();
+        if count <= 1 {
+            return 0;
+        }
+        let draw = store::splitmix(&mut self.balance.lock());
+        (draw % count as u64) as usize
+    }
+}
+
+// === impl CacheView ===
+
+impl CacheView {
+    /// The object `namespace/name` of kind `K` as this instance's cache holds it now (`None`
+    /// when the cache does not hold it).
+    pub fn get<K>(&self, namespace: &str, name: &str) -> Option<K>
+    where
+        K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        let inner = self.inner.upgrade()?;
+        let storage = kinds::storage_named(&kinds::qualified_of(&K::group(&()), &K::plural(&())))?;
+        let (version, _) = inner.cache_version(self.instance, storage);
+        let store = inner.store.lock();
+        let objects = store.cached_at(storage, version);
+        let key = (
+            storage.0,
+            storage.1,
+            namespace.to_string(),
+            name.to_string(),
+        );
+        objects
+            .get(&key)
+            .and_then(|object| serde_json::from_value(object.clone()).ok())
+    }
+
+    /// The instance it reads.
+    pub fn instance(&self) -> usize {
+        self.instance
+    }
+}
+
+impl fmt::Debug for CacheView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheView")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
     }
 }
 
@@ -180,15 +358,24 @@ impl Default for ServerConfig {
 
 impl ApiServer {
     /// An empty server. Needs a tokio runtime (its clock).
-    pub fn new(config: ServerConfig) -> Self {
+    pub fn new(mut config: ServerConfig) -> Self {
+        if config.instances.is_empty() {
+            config.instances.push(Instance::default());
+        }
         Self {
             inner: Arc::new(Inner {
                 store: Mutex::new(Store::new(config.compaction_window, config.seed)),
+                balance: Mutex::new(config.seed ^ 0xA5A5_A5A5_A5A5_A5A5),
                 config,
                 observers: Mutex::new(Vec::new()),
                 admission: Mutex::new(None),
                 log: Mutex::new(Vec::new()),
                 started: Instant::now(),
+                revisions: watch::Sender::new(1),
+                closures: watch::Sender::new(0),
+                closed: Mutex::new(Vec::new()),
+                next_watch: AtomicU64::new(0),
+                faults: Mutex::new(Faults::default()),
             }),
         }
     }
@@ -198,9 +385,24 @@ impl ApiServer {
         kube::Client::new(self.service(caller), "default")
     }
 
-    /// The tower service behind [`ApiServer::client`], to wrap in layers.
+    /// The tower service behind [`ApiServer::client`], to wrap in layers. Its requests go to
+    /// the instances behind the address as the seed picks.
     pub fn service(&self, caller: &str) -> ApiService {
-        ApiService::new(self.inner.clone(), caller)
+        ApiService::new(self.inner.clone(), caller, None)
+    }
+
+    /// A service whose requests all go to instance `instance` (as a client that reaches one
+    /// API server directly).
+    pub fn service_on(&self, caller: &str, instance: usize) -> ApiService {
+        ApiService::new(self.inner.clone(), caller, Some(instance))
+    }
+
+    /// What instance `instance`'s watch caches hold now.
+    pub fn cache(&self, instance: usize) -> CacheView {
+        CacheView {
+            inner: Arc::downgrade(&self.inner),
+            instance,
+        }
     }
 
     /// The newest resourceVersion.
@@ -208,9 +410,20 @@ impl ApiServer {
         self.inner.store.lock().revision
     }
 
-    /// Forgets the history: watches and continued lists from older versions get 410.
+    /// Forgets the history: watches and continued lists from older versions get 410. Open
+    /// watches go on (the watch caches keep their own feed, as on the real server).
     pub fn compact(&self) {
         self.inner.store.lock().compact();
+    }
+
+    /// Ends the open watches of `resource` (`"endpointslices.discovery.k8s.io"`), or of every
+    /// resource with `None`, as the server does when it shuts a watch (a timeout it chose, a
+    /// cache re-initialised): the stream ends cleanly and the client must resume.
+    pub fn close_watches(&self, resource: Option<&str>) {
+        let storage = resource.and_then(kinds::storage_named);
+        let below = self.inner.next_watch.load(Ordering::SeqCst);
+        self.inner.closed.lock().push((storage, below));
+        self.inner.closures.send_modify(|count| *count += 1);
     }
 
     /// Every current object of kind `K`, all namespaces, sorted by namespace and name.
