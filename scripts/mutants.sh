@@ -90,11 +90,12 @@ case "${1:-}" in
     files=("$@")
     [ ${#files[@]} -gt 0 ] || files=("${GUARD_FILES[@]}")
     mapfile -t args < <(file_args "${files[@]}")
-    extra=()
-    [ "${MUTANTS_IN_PLACE:-0}" = 1 ] && extra+=(--in-place)
-    # Two cores shared with others: one build at a time, and a cap on each test run.
+    # Two cores shared with others: one build at a time (in place there is only one), and a
+    # cap on each test run.
+    where=(--jobs 1)
+    [ "${MUTANTS_IN_PLACE:-0}" = 1 ] && where=(--in-place)
     cargo_mutants "${args[@]}" --exclude '**/tests.rs' --exclude '**/tests/**' \
-      --jobs 1 --timeout "${MUTANTS_TIMEOUT:-300}" --no-shuffle "${extra[@]}"
+      "${where[@]}" --timeout "${MUTANTS_TIMEOUT:-300}" --no-shuffle
     ;;
   *)
     sed -n '2,20p' "$0" >&2

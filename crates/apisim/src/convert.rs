@@ -28,12 +28,6 @@ const EVENT_RENAMES: [(&str, &str); 6] = [
     ("deprecatedCount", "count"),
 ];
 
-/// Marks an Event written through events.k8s.io at least once. The real server stores such an
-/// Event in other bytes than one only ever written through the core group, so the first write of
-/// a core Event through events.k8s.io is a change (a new resourceVersion) even when nothing
-/// served differs; later ones that change nothing are not. Never served.
-pub const WRITTEN_AS_EVENTS_V1: &str = "apisim:writtenAsEventsV1";
-
 /// `object`, sent in `resource`'s version, in its stored form.
 pub fn to_storage(resource: Resource, mut object: Value) -> Value {
     match (resource.group, resource.plural, resource.version) {
@@ -43,7 +37,6 @@ pub fn to_storage(resource: Resource, mut object: Value) -> Value {
             }
             rename(&mut object, "reportingController", "reportingComponent");
             object["apiVersion"] = Value::from("v1");
-            object[WRITTEN_AS_EVENTS_V1] = Value::Bool(true);
         }
         ("workload.linkerd.io", _, "v1alpha1") => {
             remove_in(&mut object, "spec", "meshTls");
@@ -68,7 +61,6 @@ pub fn to_storage(resource: Resource, mut object: Value) -> Value {
 
 /// A stored object as served in `resource`'s version.
 pub fn to_served(resource: Resource, mut object: Value) -> Value {
-    remove(&mut object, WRITTEN_AS_EVENTS_V1);
     match (resource.group, resource.plural, resource.version) {
         ("events.k8s.io", "events", _) => {
             for (served, stored) in EVENT_RENAMES {

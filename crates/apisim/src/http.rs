@@ -115,7 +115,7 @@ fn log(inner: &Inner, caller: &str, parts: &Parts, status: u16) {
         let mut log = inner.log.lock();
         let entry = LogEntry {
             seq: log.len() as u64,
-            at_ms: elapsed(&inner).as_millis() as u64,
+            at_ms: elapsed(inner).as_millis() as u64,
             caller: caller.to_string(),
             method: parts.method.to_string(),
             uri: parts.uri.to_string(),

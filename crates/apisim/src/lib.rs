@@ -191,6 +191,8 @@ pub struct LogEntry {
     pub revision: u64,
 }
 
+/// Watches closed by the server: of one storage (or all), those with an id below.
+type Closure = (Option<(&'static str, &'static str)>, u64);
 type Observer = Arc<dyn Fn(&Applied) + Send + Sync>;
 type Admission = Arc<dyn Fn(&WriteRequest) -> Result<(), kube::core::Status> + Send + Sync>;
 
@@ -207,7 +209,7 @@ struct Inner {
     /// they were closed.
     closures: watch::Sender<u64>,
     /// Watches closed by the server: of one resource (or all), those with an id below.
-    closed: Mutex<Vec<(Option<(&'static str, &'static str)>, u64)>>,
+    closed: Mutex<Vec<Closure>>,
     /// The id of the next watch opened.
     next_watch: AtomicU64,
     /// The faults armed for coming requests.

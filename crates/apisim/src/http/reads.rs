@@ -139,7 +139,7 @@ impl Call<'_> {
             .peekable();
         let mut items = Vec::new();
         let mut last = None;
-        while let Some((key, object)) = walked.next() {
+        for (key, object) in walked.by_ref() {
             if selection.selects(&key, &object) {
                 last = Some(cursor(&key));
                 items.push(object);

@@ -165,21 +165,58 @@ pub(super) fn sent(resource: Resource, object: &Value, old: Option<&Value>) -> R
     Ok(())
 }
 
+/// An update through events.k8s.io may change an Event's series and metadata only (compared in
+/// the stored, core form, as the real server compares them).
+pub(super) fn events_update(
+    resource: Resource,
+    name: &str,
+    old: &Value,
+    new: &Value,
+) -> Result<(), Failure> {
+    const IMMUTABLE: [&str; 13] = [
+        "involvedObject",
+        "reason",
+        "message",
+        "source",
+        "firstTimestamp",
+        "lastTimestamp",
+        "count",
+        "type",
+        "eventTime",
+        "action",
+        "related",
+        "reportingComponent",
+        "reportingInstance",
+    ];
+    let changed: Vec<String> = IMMUTABLE
+        .into_iter()
+        .filter(|field| old.get(*field) != new.get(*field))
+        .map(|field| format!("{field}: Invalid value: field is immutable"))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(invalid(
+        resource,
+        name,
+        &format!("[{}]", changed.join(", ")),
+    ))
+}
+
 /// The checks of kinds whose rules are few: Leases, Services and both Event groups.
 fn validate_simple(resource: Resource, name: &str, object: &Value) -> Result<(), Failure> {
     match (resource.group, resource.plural) {
-        ("coordination.k8s.io", "leases") => {
+        ("coordination.k8s.io", "leases")
             if object
                 .pointer("/spec/leaseDurationSeconds")
                 .and_then(Value::as_i64)
-                .is_some_and(|seconds| seconds <= 0)
-            {
-                return Err(invalid(
-                    resource,
-                    name,
-                    "spec.leaseDurationSeconds: Invalid value: must be greater than 0",
-                ));
-            }
+                .is_some_and(|seconds| seconds <= 0) =>
+        {
+            return Err(invalid(
+                resource,
+                name,
+                "spec.leaseDurationSeconds: Invalid value: must be greater than 0",
+            ));
         }
         ("", "services") => {
             let balancer =

@@ -194,12 +194,11 @@ impl Call<'_> {
         let resource = self.resource();
         let key = self.key(name);
         let store = self.inner.store.lock();
-        let current = store
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| self.not_found(name))?;
+        let current = store.objects.get(&key).cloned();
         drop(store);
+        let Some(current) = current else {
+            return self.create_on_update(name, sent);
+        };
         let current_version = current
             .pointer("/metadata/resourceVersion")
             .cloned()
@@ -229,6 +228,9 @@ impl Call<'_> {
                     current_uid.as_str().unwrap_or_default()
                 ),
             ));
+        }
+        if resource.group == "events.k8s.io" {
+            validate::events_update(resource, name, &current, &sent)?;
         }
         if !self.target.status
             && let Some(as_sent) = as_sent
@@ -261,9 +263,6 @@ impl Call<'_> {
             }
         }
         sent["metadata"]["resourceVersion"] = current_version;
-        if let Some(mark) = current.get(convert::WRITTEN_AS_EVENTS_V1) {
-            sent[convert::WRITTEN_AS_EVENTS_V1] = mark.clone();
-        }
         let deleting = current.pointer("/metadata/deletionTimestamp").is_some();
         let (before, after) = (finalizers(&current), finalizers(&sent));
         if deleting && after.iter().any(|finalizer| !before.contains(finalizer)) {
@@ -344,7 +343,10 @@ impl Call<'_> {
         if held.is_empty() {
             return self
                 .apply(Verb::Delete, key, None, StatusCode::OK)
-                .map(|_| json_response(StatusCode::OK, &deleted(resource, &current)));
+                .map(|_| {
+                    let revision = self.inner.store.lock().revision;
+                    json_response(StatusCode::OK, &deleted(resource, &current, revision))
+                });
         }
         // Finalizers hold it: it is marked deleting (once) and stays until they are removed.
         let mut deleting = current.clone();
@@ -403,6 +405,23 @@ impl Call<'_> {
 }
 
 impl Call<'_> {
+    /// A PUT of an object that does not exist: Leases and Events are created by it (their
+    /// registries allow it), unless it names a resourceVersion (409); other kinds answer 404.
+    fn create_on_update(&self, name: &str, sent: Value) -> Answer {
+        let resource = self.resource();
+        if !matches!(resource.plural, "events" | "leases") {
+            return Err(self.not_found(name));
+        }
+        if sent
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|version| !version.is_empty())
+        {
+            return Err(self.conflict(name, "the object has been modified; please apply your changes to the latest version and try again"));
+        }
+        self.create(resource.served(sent))
+    }
+
     /// A body of another group, version or kind than the path names is refused (400).
     fn check_type(&self, object: &Value) -> Result<(), Failure> {
         let resource = self.resource();
@@ -436,9 +455,12 @@ impl Call<'_> {
 
 /// The answer to a delete that removed `object` at once: the object for Services, a `Status`
 /// naming it for every other kind served (the real registry's `ReturnDeletedObject`).
-fn deleted(resource: Resource, object: &Value) -> Value {
+fn deleted(resource: Resource, object: &Value, revision: u64) -> Value {
     if resource.plural == "services" {
-        return resource.served(object.clone());
+        // At the version of its deletion.
+        let mut object = resource.served(object.clone());
+        object["metadata"]["resourceVersion"] = Value::from(revision.to_string());
+        return object;
     }
     let mut details = json!({
         "name": object.pointer("/metadata/name").cloned().unwrap_or_default(),

@@ -128,7 +128,7 @@ impl Kind {
             }),
             Kind::Service => {
                 let mut port = json!({"name": "http", "port": 80 + variant % 2, "protocol": "TCP"});
-                if variant % 2 == 0 {
+                if variant.is_multiple_of(2) {
                     port["targetPort"] = json!(8080);
                 }
                 json!({"spec": {"selector": {"app": format!("web-{}", variant % 3)}, "ports": [port]}})
@@ -140,7 +140,7 @@ impl Kind {
                     "meshTls"
                 };
                 let mut port = json!({"port": 8080 + variant % 3});
-                if variant % 2 == 0 {
+                if variant.is_multiple_of(2) {
                     port["protocol"] = json!("TCP");
                     port["name"] = json!("http");
                 }
@@ -162,12 +162,12 @@ impl Kind {
                     }]);
                 }
                 let mut port = json!({"name": "http", "port": 8080});
-                if variant % 2 == 0 {
+                if variant.is_multiple_of(2) {
                     port["protocol"] = json!("TCP");
                 }
                 let mut endpoint = json!({
                     "addresses": [format!("192.0.2.{}", 1 + variant % 200)],
-                    "conditions": {"ready": variant % 3 != 0, "serving": true, "terminating": false},
+                    "conditions": {"ready": !variant.is_multiple_of(3), "serving": true, "terminating": false},
                 });
                 if variant % 2 == 1 {
                     endpoint["zone"] = json!("zone-a");
@@ -193,7 +193,7 @@ impl Kind {
                 "reason": "Traced",
                 "regarding": {"apiVersion": "v1", "kind": "Service", "namespace": of.namespace, "name": "svc-0"},
                 "note": format!("note {variant}"),
-                "type": if variant % 2 == 0 { "Normal" } else { "Warning" },
+                "type": if variant.is_multiple_of(2) { "Normal" } else { "Warning" },
             }),
         };
         body["apiVersion"] = Value::from(resource.api_version.clone());
@@ -260,7 +260,7 @@ impl Kind {
             }
             _ => json!({"conditions": [{
                 "type": "Ready",
-                "status": if variant % 2 == 0 { "True" } else { "False" },
+                "status": if variant.is_multiple_of(2) { "True" } else { "False" },
                 "lastTransitionTime": TIME,
                 "reason": "Traced",
                 "message": "",

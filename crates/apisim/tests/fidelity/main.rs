@@ -99,7 +99,7 @@ async fn a_seeded_trace_over_every_kind_is_answered_alike() {
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = trace_seed();
     let namespace = testbed.fresh_namespace("trace").await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let real = trace::run(
         testbed.client().await.unwrap(),
         &namespace,

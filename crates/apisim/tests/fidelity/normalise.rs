@@ -87,9 +87,28 @@ fn collect(object: &Value, aliases: &mut Aliases, versions: &mut BTreeMap<String
             uids.push(uid.to_string());
         }
     }
+    // A uid stands for the name it was first seen with and how many uids that name had
+    // before, so one object more on one side does not shift every later alias.
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("owner");
+    // A generated name's random suffix is left out.
+    let name = if is_generated(name) {
+        &name[..name.len() - 5]
+    } else {
+        name
+    };
     for uid in uids {
-        let next = format!("uid#{}", aliases.uids.len());
-        aliases.uids.entry(uid).or_insert(next);
+        if aliases.uids.contains_key(&uid) {
+            continue;
+        }
+        let earlier = aliases
+            .uids
+            .values()
+            .filter(|alias| alias.starts_with(&format!("uid:{name}#")))
+            .count();
+        aliases.uids.insert(uid, format!("uid:{name}#{earlier}"));
     }
     if let Some(name) = object.pointer("/metadata/name").and_then(Value::as_str)
         && is_generated(name)
@@ -126,10 +145,20 @@ fn render(observed: &Observed, aliases: &Aliases) -> String {
         }
         Observed::Error { code, reason } => format!("error {code} {reason}"),
         Observed::Events(events) => {
+            // A MODIFIED that repeats the object's last event is a write that changed only the
+            // bytes the real server stored (see `object_form`): left out.
+            let mut last: BTreeMap<String, String> = BTreeMap::new();
             let events: Vec<String> = events
                 .iter()
-                .map(|(kind, object)| {
-                    format!("{kind} {}", canonical(&object_form(object, aliases)))
+                .filter_map(|(kind, object)| {
+                    let form = canonical(&object_form(object, aliases));
+                    let uid = object
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    let repeated = kind == "MODIFIED" && last.get(uid) == Some(&form);
+                    last.insert(uid.to_string(), form.clone());
+                    (!repeated).then(|| format!("{kind} {form}"))
                 })
                 .collect();
             format!("events [{}]", events.join(", "))
@@ -155,6 +184,7 @@ fn object_form(object: &Value, aliases: &Aliases) -> Value {
     {
         object["details"]["name"] = Value::from(alias.clone());
     }
+    let event = object.get("involvedObject").is_some() || object.get("regarding").is_some();
     let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return object;
     };
@@ -173,7 +203,11 @@ fn object_form(object: &Value, aliases: &Aliases) -> Value {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    if let Some(version) = metadata.get("resourceVersion").and_then(Value::as_str) {
+    if event {
+        // Listed as deliberate (crate docs): whether an Event write that changes nothing served
+        // makes a new version depends on which group wrote it last on the real server.
+        metadata.insert("resourceVersion".into(), Value::from("not compared"));
+    } else if let Some(version) = metadata.get("resourceVersion").and_then(Value::as_str) {
         let alias = version
             .parse::<u64>()
             .ok()

@@ -314,7 +314,13 @@ impl Run<'_> {
         let kind = self.rng.pick(&KINDS);
         let roll = self.rng.below(100);
         let name = self.name(kind);
-        let label = |what: &str| format!("{step} {what} {}", kind.label());
+        // A generated name is shown without the suffix each server picked.
+        let shown = if name.starts_with("gen-") && name.len() == "gen-000-".len() + 5 {
+            &name[..name.len() - 5]
+        } else {
+            name.as_str()
+        };
+        let label = |what: &str| format!("{step} {what} {} {shown}", kind.label());
         match roll {
             0..=19 => {
                 let body = self.body(kind, Some(&name), false);
@@ -702,12 +708,12 @@ impl Run<'_> {
         ));
     }
 
-    /// A watch that asked for bookmarks, with a short timeout: the bookmark before the timeout
+    /// A watch that asked for bookmarks, with a short timeout (6 s): the bookmark before the timeout
     /// carries a version no older than the newest written.
     async fn bookmark(&mut self) {
         let newest = self.newest;
         let path = format!(
-            "{}?watch=true&allowWatchBookmarks=true&resourceVersion={newest}&timeoutSeconds=3",
+            "{}?watch=true&allowWatchBookmarks=true&resourceVersion={newest}&timeoutSeconds=6",
             self.collection(Kind::Lease)
         );
         let request = Request::builder()
