@@ -292,10 +292,10 @@ impl Inner {
     /// The version instance `instance`'s cache of `storage` is at now, and when the change
     /// after it was committed (the cache reaches it `lag` later).
     fn cache_version(&self, instance: usize, storage: (&str, &str)) -> (u64, Option<Instant>) {
+        // Before the server's start when the lag is longer than its life: nothing seen yet.
         let seen_until = Instant::now()
             .checked_sub(self.lag(instance, storage))
-            .unwrap_or(self.started)
-            .max(self.started);
+            .unwrap_or(self.started);
         self.store.lock().version_at(seen_until)
     }
 
