@@ -405,11 +405,12 @@ impl Call<'_> {
 }
 
 impl Call<'_> {
-    /// A PUT of an object that does not exist: Leases and Events are created by it (their
-    /// registries allow it), unless it names a resourceVersion (409); other kinds answer 404.
+    /// A PUT of an object that does not exist: Leases, Events and Services are created by it
+    /// (their registries allow it), unless it names a resourceVersion (409); other kinds
+    /// answer 404.
     fn create_on_update(&self, name: &str, sent: Value) -> Answer {
         let resource = self.resource();
-        if !matches!(resource.plural, "events" | "leases") {
+        if !matches!(resource.plural, "events" | "leases" | "services") {
             return Err(self.not_found(name));
         }
         if sent

@@ -101,6 +101,10 @@ impl Kind {
         )
     }
 
+    pub fn is_event(self) -> bool {
+        matches!(self, Kind::CoreEvent | Kind::Event)
+    }
+
     /// A valid body.
     pub fn body(self, of: &BodyOf<'_>) -> Value {
         let variant = of.variant;

@@ -139,6 +139,7 @@ fn render(observed: &Observed, aliases: &Aliases) -> String {
         Observed::List { items, more } => {
             let items: Vec<String> = items
                 .iter()
+                .filter(|item| !from_the_server(item))
                 .map(|item| canonical(&object_form(item, aliases)))
                 .collect();
             format!("list more={more} [{}]", items.join(", "))
@@ -150,6 +151,7 @@ fn render(observed: &Observed, aliases: &Aliases) -> String {
             let mut last: BTreeMap<String, String> = BTreeMap::new();
             let events: Vec<String> = events
                 .iter()
+                .filter(|(_, object)| !from_the_server(object))
                 .filter_map(|(kind, object)| {
                     let form = canonical(&object_form(object, aliases));
                     let uid = object
@@ -167,6 +169,13 @@ fn render(observed: &Observed, aliases: &Aliases) -> String {
             format!("bookmark not older than the newest write: {not_older}")
         }
     }
+}
+
+/// An Event the real server wrote itself (its cluster IP repair reports on the trace's
+/// Services): left out, as the in-memory server has no such loops (crate docs).
+fn from_the_server(object: &Value) -> bool {
+    let event = object.get("involvedObject").is_some() || object.get("regarding").is_some();
+    event && object.get("reason").and_then(Value::as_str) != Some("Traced")
 }
 
 fn object_form(object: &Value, aliases: &Aliases) -> Value {

@@ -367,6 +367,11 @@ impl Run<'_> {
             }
             40..=47 => self.list(kind, step).await,
             48..=57 => {
+                if kind.is_event() {
+                    // An Event's version may move with no change served (crate docs), so it is
+                    // read again before it is updated.
+                    self.get_instead(kind, &name, step).await;
+                }
                 let Some(mut object) = self.last.get(&(kind, name.clone())).cloned() else {
                     return self.get_instead(kind, &name, step).await;
                 };
@@ -395,6 +400,7 @@ impl Run<'_> {
                 let first = self
                     .first
                     .get(&(kind, name.clone()))
+                    .filter(|_| !kind.is_event())
                     .cloned()
                     .unwrap_or_else(|| "1".into());
                 object["metadata"]["resourceVersion"] = Value::from(first);
@@ -548,7 +554,7 @@ impl Run<'_> {
             .send(Method::GET, &self.object(kind, name), None, None)
             .await;
         self.record(
-            format!("{step} get (nothing seen yet) {}", kind.label()),
+            format!("{step} get first {}", kind.label()),
             kind,
             name,
             answer,
@@ -563,6 +569,10 @@ impl Run<'_> {
             _ => "!patched",
         };
         let limit = self.rng.pick(&[0, 1, 2, 5]);
+        // Events are listed whole: the real server writes Events of its own into the namespace
+        // (its cluster IP repair), which the comparison leaves out, and a page boundary would
+        // move with them.
+        let limit = if kind.is_event() { 0 } else { limit };
         let mut token = String::new();
         for page in 0.. {
             let mut query = format!("labelSelector={}", urlencode(selector));
@@ -614,15 +624,16 @@ impl Run<'_> {
     /// A paged list begun, the history compacted, the list continued (410); then a watch
     /// from a version before the compaction (410 as its first event).
     async fn expire(&mut self, compact: &Compact) {
-        for kind in [Kind::Slice, Kind::WorkloadBeta] {
-            let body = self.body(kind, Some("expiring-a"), false);
-            let _ = self
-                .send(Method::POST, &self.collection(kind), None, Some(&body))
-                .await;
-            let body = self.body(kind, Some("expiring-b"), false);
-            let _ = self
-                .send(Method::POST, &self.collection(kind), None, Some(&body))
-                .await;
+        for (kind, prefix) in [
+            (Kind::Slice, "expiring-slice"),
+            (Kind::WorkloadBeta, "expiring-workload"),
+        ] {
+            for suffix in ["a", "b"] {
+                let body = self.body(kind, Some(&format!("{prefix}-{suffix}")), false);
+                let _ = self
+                    .send(Method::POST, &self.collection(kind), None, Some(&body))
+                    .await;
+            }
         }
         let first = self
             .send(
