@@ -68,9 +68,10 @@
 //!   hook are not applied.
 //! - Namespaces need not exist: objects can be created in any namespace (the real server's
 //!   NamespaceLifecycle admission refuses a missing one).
-//! - No garbage collector: deleting an owner leaves its dependents (the simulation deletes
-//!   them itself, as the collector would). `propagationPolicy` Orphan and Foreground add their
-//!   finalizers, which nothing then removes (as on a testbed without kube-controller-manager).
+//! - The garbage collector is off unless [`ServerConfig::garbage_collection`] gives it a delay
+//!   (the simulation deletes dependents itself; the testbed runs without kube-controller-manager
+//!   by default). It collects in the background policy only: `propagationPolicy` Orphan and
+//!   Foreground add their finalizers, which nothing then removes.
 //! - Cluster IPs come from 10.96.0.0/16 in order (the real server picks at random; the trace
 //!   compares them as "allocated"). The real server's cluster IP repair loop writes Events of
 //!   its own (`ClusterIPNotAllocated`) about Services; this server has no background loops, and
@@ -99,6 +100,7 @@
 mod cache;
 mod convert;
 mod faults;
+mod gc;
 mod http;
 mod kinds;
 mod patch;
@@ -139,6 +141,9 @@ pub struct ServerConfig {
     /// picked by the seed, unless its service is pinned ([`ApiServer::service_on`]); a watch
     /// stays on the instance it was opened on.
     pub instances: Vec<Instance>,
+    /// How long after an owner is deleted the garbage collector deletes its dependents (or
+    /// removes the reference, when another owner lives); `None`: no collector.
+    pub garbage_collection: Option<Duration>,
 }
 
 /// One API server instance: how far behind the store each of its watch caches is.
@@ -276,6 +281,7 @@ impl Default for ServerConfig {
             compaction_window: 100_000,
             bookmark_interval: Duration::from_secs(60),
             instances: vec![Instance::default()],
+            garbage_collection: None,
         }
     }
 }
@@ -413,7 +419,8 @@ impl ApiServer {
         if config.instances.is_empty() {
             config.instances.push(Instance::default());
         }
-        Self {
+        let collection = config.garbage_collection;
+        let server = Self {
             inner: Arc::new(Inner {
                 store: Mutex::new(Store::new(config.compaction_window, config.seed)),
                 balance: Mutex::new(config.seed ^ 0xA5A5_A5A5_A5A5_A5A5),
@@ -428,7 +435,11 @@ impl ApiServer {
                 next_watch: AtomicU64::new(0),
                 faults: Mutex::new(Faults::default()),
             }),
+        };
+        if let Some(delay) = collection {
+            gc::start(&server.inner, delay);
         }
+        server
     }
 
     /// A client whose requests are attributed to `caller`.

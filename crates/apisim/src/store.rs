@@ -260,6 +260,24 @@ impl Store {
         objects
     }
 
+    /// The uids of the objects deleted after revision `after`, in order (as far back as the
+    /// feed reaches).
+    pub fn deleted_uids(&self, after: u64) -> Vec<String> {
+        self.feed
+            .iter()
+            .map(|fed| &fed.change)
+            .filter(|change| change.revision > after && change.new.is_none())
+            .filter_map(|change| {
+                change
+                    .old
+                    .as_ref()?
+                    .pointer("/metadata/uid")?
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
     /// Whether the history still holds every change after `revision` (a watch or a continued
     /// list from it is served; otherwise it is 410).
     pub fn holds(&self, revision: u64) -> bool {
