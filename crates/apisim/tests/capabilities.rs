@@ -401,3 +401,23 @@ async fn finalizers_hold_a_deleted_object_until_the_last_is_removed() {
         "gone with its last finalizer"
     );
 }
+
+#[test]
+fn seeded_instances_draw_each_cache_its_own_bounded_lag() {
+    let max = Duration::from_millis(1500);
+    let one = Instance::seeded(1, max);
+    assert_eq!(
+        one,
+        Instance::seeded(1, max),
+        "the same seed, the same lags"
+    );
+    assert_ne!(one, Instance::seeded(2, max));
+    assert!(one.lags.contains_key(LEASES) && one.lags.contains_key("services"));
+    assert!(one.lags.values().all(|lag| *lag <= max));
+    let distinct: std::collections::BTreeSet<_> = one.lags.values().collect();
+    assert!(
+        distinct.len() > 1,
+        "lags differ by resource: {:?}",
+        one.lags
+    );
+}
