@@ -2,6 +2,8 @@
 
 use serde_json::Value;
 
+use crate::convert;
+
 /// One served resource (a group, version and plural), and how it is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resource {
@@ -23,7 +25,7 @@ pub struct Resource {
 }
 
 /// Everything served. ExternalWorkloads are served in both versions and stored in one form
-/// (v1beta1); the two differ only in the spelling of `spec.meshTLS`.
+/// (v1beta1); Events in two groups, stored in the core form (see `convert.rs`).
 pub const RESOURCES: [Resource; 8] = [
     Resource {
         group: "",
@@ -124,37 +126,54 @@ impl Resource {
         }
     }
 
-    /// The key objects of this resource are stored under (all versions share it).
+    /// Its name with its group, as `kubectl` spells it (`"endpointslices.discovery.k8s.io"`,
+    /// `"services"`).
+    pub fn qualified(&self) -> String {
+        qualified_of(self.group, self.plural)
+    }
+
+    /// The key objects of this resource are stored under (all versions share it; both Event
+    /// groups share the core one).
     pub fn storage(&self) -> (&'static str, &'static str) {
-        (self.group, self.plural)
+        if self.plural == "events" {
+            ("", "events")
+        } else {
+            (self.group, self.plural)
+        }
+    }
+
+    /// Whether it is a custom resource (served by the CRD's handler: list items keep their
+    /// `apiVersion` and `kind`, strategic merge patches are refused).
+    pub fn custom(&self) -> bool {
+        self.group == "workload.linkerd.io"
     }
 
     /// The stored form of `object` sent in this version.
-    pub fn stored(self, mut object: Value) -> Value {
-        if self.version == "v1alpha1" {
-            rename(&mut object, "meshTls", "meshTLS");
-            object["apiVersion"] = Value::from("workload.linkerd.io/v1beta1");
-        }
-        object
+    pub fn stored(self, object: Value) -> Value {
+        convert::to_storage(self, object)
     }
 
     /// A stored object as served in this version.
-    pub fn served(self, mut object: Value) -> Value {
-        if self.version == "v1alpha1" {
-            rename(&mut object, "meshTLS", "meshTls");
-        }
-        object["apiVersion"] = Value::from(self.api_version());
-        object["kind"] = Value::from(self.kind);
-        object
+    pub fn served(self, object: Value) -> Value {
+        convert::to_served(self, object)
     }
 }
 
-fn rename(object: &mut Value, from: &str, to: &str) {
-    if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut)
-        && let Some(value) = spec.remove(from)
-    {
-        spec.insert(to.to_string(), value);
+/// `plural.group`, or `plural` for the core group.
+pub fn qualified_of(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
     }
+}
+
+/// The storage of the resource named `name` (`"leases.coordination.k8s.io"`), if served.
+pub fn storage_named(name: &str) -> Option<(&'static str, &'static str)> {
+    RESOURCES
+        .iter()
+        .find(|resource| resource.qualified() == name)
+        .map(Resource::storage)
 }
 
 // === impl Target ===
@@ -189,7 +208,7 @@ impl Target {
         let resource = RESOURCES
             .into_iter()
             .find(|r| r.group == group && r.version == version && r.plural == plural)?;
-        if namespace.is_some() && !resource.namespaced {
+        if (namespace.is_some() && !resource.namespaced) || (status && !resource.status) {
             return None;
         }
         Some(Self {
@@ -229,14 +248,36 @@ mod tests {
     }
 
     #[test]
-    fn v1alpha1_is_stored_as_v1beta1_and_served_back_as_sent() {
-        let alpha = RESOURCES[7];
-        let sent = serde_json::json!({"apiVersion": "workload.linkerd.io/v1alpha1", "spec": {"meshTls": {"identity": "i"}}});
+    fn v1alpha1_converts_with_no_webhook_and_each_schema_prunes_the_other_spelling() {
+        let (beta, alpha) = (RESOURCES[6], RESOURCES[7]);
+        let sent = serde_json::json!({"apiVersion": "workload.linkerd.io/v1alpha1", "spec": {"meshTls": {"identity": "i"}, "workloadIPs": []}});
         let stored = alpha.stored(sent);
-        assert_eq!(stored["spec"]["meshTLS"]["identity"], "i");
         assert_eq!(stored["apiVersion"], "workload.linkerd.io/v1beta1");
-        let served = alpha.served(stored);
-        assert_eq!(served["spec"]["meshTls"]["identity"], "i");
+        assert!(stored["spec"].get("meshTls").is_none(), "pruned: {stored}");
+        assert!(
+            stored["spec"].get("meshTLS").is_none(),
+            "not renamed: {stored}"
+        );
+        let from_beta = beta.stored(serde_json::json!({"spec": {"meshTLS": {"identity": "i"}}}));
+        let served = alpha.served(from_beta);
+        assert!(served["spec"].get("meshTLS").is_none(), "pruned: {served}");
         assert_eq!(served["apiVersion"], "workload.linkerd.io/v1alpha1");
+    }
+
+    #[test]
+    fn both_event_groups_share_one_storage_in_the_core_form() {
+        let (core, events) = (RESOURCES[2], RESOURCES[5]);
+        assert_eq!(core.storage(), events.storage());
+        let stored = events.stored(serde_json::json!({"regarding": {"name": "web"}, "note": "n", "reportingController": "c", "reportingInstance": "i"}));
+        assert_eq!(stored["involvedObject"]["name"], "web");
+        assert_eq!(stored["message"], "n");
+        assert_eq!(stored["reportingComponent"], "c");
+        let as_core = core.served(stored.clone());
+        assert_eq!(as_core["source"], serde_json::json!({}));
+        assert_eq!(as_core["firstTimestamp"], Value::Null);
+        let as_events = events.served(stored);
+        assert_eq!(as_events["regarding"]["name"], "web");
+        assert_eq!(as_events["deprecatedSource"], serde_json::json!({}));
+        assert_eq!(as_events["apiVersion"], "events.k8s.io/v1");
     }
 }

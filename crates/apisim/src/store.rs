@@ -1,11 +1,16 @@
 //! The storage: one global revision, every object's current version, and the history of
-//! changes since the last compaction (etcd's model), with the open watches fed on every write.
+//! changes since the last compaction (etcd's model), and the feed the watch caches read from
+//! (the changes with the instant each was committed, kept apart from the history, so a
+//! compaction of etcd does not cut the open watches short, as on the real server).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::Arc,
+};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::{
     kinds::Resource,
@@ -28,18 +33,25 @@ pub struct Change {
     pub new: Option<Value>,
 }
 
-/// An open watch: what it selects, and where its events go (one JSON line per message).
-pub struct Watcher {
-    /// The resource and version it was opened on.
+/// What a list or a watch selects.
+pub struct Selection {
+    /// The resource and version it was asked in.
     pub resource: Resource,
-    /// Its namespace, if it was opened on one.
+    /// Its namespace, if it was asked in one.
     pub namespace: Option<String>,
     /// Its label selector.
     pub labels: LabelSelector,
     /// Its field selector.
     pub fields: FieldSelector,
-    /// Where its events go.
-    pub sender: mpsc::UnboundedSender<Bytes>,
+}
+
+/// A committed change and when it was committed: what the watch caches are fed.
+#[derive(Clone, Debug)]
+pub struct Fed {
+    /// When it was committed.
+    pub at: Instant,
+    /// The change.
+    pub change: Arc<Change>,
 }
 
 /// The storage (see the module docs).
@@ -52,9 +64,11 @@ pub struct Store {
     pub window: u64,
     /// Current objects, in their stored form.
     pub objects: BTreeMap<Key, Value>,
-    history: VecDeque<Change>,
-    watchers: Vec<Watcher>,
+    history: VecDeque<Arc<Change>>,
+    /// Every change, with its commit instant, for the watch caches (at most `window` kept).
+    feed: VecDeque<Fed>,
     uids: u64,
+    cluster_ips: u64,
     random: u64,
 }
 
@@ -69,10 +83,21 @@ impl Store {
             window: window.max(1),
             objects: BTreeMap::new(),
             history: VecDeque::new(),
-            watchers: Vec::new(),
+            feed: VecDeque::new(),
             uids: 0,
+            cluster_ips: 10,
             random: seed,
         }
+    }
+
+    /// A cluster IP for a new Service, from 10.96.0.0/16 (the testbed's range), in order.
+    pub fn next_cluster_ip(&mut self) -> String {
+        self.cluster_ips += 1;
+        format!(
+            "10.96.{}.{}",
+            (self.cluster_ips >> 8) & 0xff,
+            self.cluster_ips & 0xff
+        )
     }
 
     /// A new uid.
@@ -87,17 +112,13 @@ impl Store {
         const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
         let mut suffix = String::with_capacity(5);
         for _ in 0..5 {
-            self.random = self.random.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.random;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
+            let z = splitmix(&mut self.random);
             suffix.push(char::from(ALPHABET[(z % ALPHABET.len() as u64) as usize]));
         }
         suffix
     }
 
-    /// Writes `new` (or deletes, with `None`) at the next revision, feeds the watches, and
+    /// Writes `new` (or deletes, with `None`) at the next revision, feeds the watch caches, and
     /// returns the revision. `new` gets that revision as its resourceVersion; a deleted object is
     /// announced with it too.
     pub fn commit(&mut self, key: Key, new: Option<Value>) -> (u64, Option<Value>, Option<Value>) {
@@ -112,13 +133,19 @@ impl Store {
             None => self.objects.remove(&key),
         };
         let new = self.objects.get(&key).cloned();
-        let change = Change {
+        let change = Arc::new(Change {
             revision,
             key,
             old: old.clone(),
             new: new.clone(),
-        };
-        self.feed(&change);
+        });
+        self.feed.push_back(Fed {
+            at: Instant::now(),
+            change: change.clone(),
+        });
+        while self.feed.len() as u64 > self.window {
+            self.feed.pop_front();
+        }
         self.history.push_back(change);
         while self.history.len() as u64 > self.window {
             if let Some(dropped) = self.history.pop_front() {
@@ -126,6 +153,49 @@ impl Store {
             }
         }
         (revision, old, new)
+    }
+
+    /// The newest revision committed at or before `at` (the version a cache that sees the
+    /// store as of `at` is at), and when the next change after it was committed.
+    pub fn version_at(&self, at: Instant) -> (u64, Option<Instant>) {
+        let mut next = None;
+        for fed in self.feed.iter().rev() {
+            if fed.at <= at {
+                return (fed.change.revision, next);
+            }
+            next = Some(fed.at);
+        }
+        // Nothing fed is that old: the cache is at the oldest revision it can know.
+        let oldest = self
+            .feed
+            .front()
+            .map_or(self.revision, |fed| fed.change.revision - 1);
+        (oldest, next)
+    }
+
+    /// The fed changes of `storage` after revision `after` up to `upto`, in order; `None` when
+    /// the feed no longer reaches back to `after` (the watch fell too far behind).
+    pub fn fed(&self, storage: (&str, &str), after: u64, upto: u64) -> Option<Vec<Arc<Change>>> {
+        let oldest = self
+            .feed
+            .front()
+            .map_or(self.revision, |fed| fed.change.revision - 1);
+        if after < oldest {
+            return None;
+        }
+        // The feed holds consecutive revisions: the first one after `after` is found by place.
+        let skip = usize::try_from(after - oldest)
+            .unwrap_or(usize::MAX)
+            .min(self.feed.len());
+        Some(
+            self.feed
+                .range(skip..)
+                .map(|fed| &fed.change)
+                .take_while(|change| change.revision <= upto)
+                .filter(|change| (change.key.0, change.key.1) == storage)
+                .cloned()
+                .collect(),
+        )
     }
 
     /// Forgets the whole history: a watch or a continued list from any older revision is 410.
@@ -162,61 +232,95 @@ impl Store {
         Some(objects)
     }
 
-    /// The changes of `storage` after `revision`, in order (`None` if compacted away).
-    pub fn since(&self, storage: (&str, &str), revision: u64) -> Option<Vec<Change>> {
-        if revision < self.compacted {
-            return None;
+    /// The objects of `storage` as a watch cache at `revision` holds them: rebuilt from the feed,
+    /// which a compaction of the history does not shorten (from older than the feed reaches,
+    /// the oldest state it can rebuild).
+    pub fn cached_at(&self, storage: (&str, &str), revision: u64) -> BTreeMap<Key, Value> {
+        let mut objects: BTreeMap<Key, Value> = self
+            .objects
+            .iter()
+            .filter(|(key, _)| (key.0, key.1) == storage)
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        for fed in self
+            .feed
+            .iter()
+            .rev()
+            .take_while(|fed| fed.change.revision > revision)
+        {
+            let change = &fed.change;
+            if (change.key.0, change.key.1) != storage {
+                continue;
+            }
+            match &change.old {
+                Some(old) => objects.insert(change.key.clone(), old.clone()),
+                None => objects.remove(&change.key),
+            };
         }
-        Some(
-            self.history
-                .iter()
-                .filter(|change| {
-                    change.revision > revision && (change.key.0, change.key.1) == storage
-                })
-                .cloned()
-                .collect(),
-        )
+        objects
     }
 
-    /// Adds an open watch: it gets every change committed from now on that it selects.
-    pub fn watch(&mut self, watcher: Watcher) {
-        self.watchers.push(watcher);
+    /// The uids of the objects deleted after revision `after`, in order (as far back as the
+    /// feed reaches).
+    pub fn deleted_uids(&self, after: u64) -> Vec<String> {
+        self.feed
+            .iter()
+            .map(|fed| &fed.change)
+            .filter(|change| change.revision > after && change.new.is_none())
+            .filter_map(|change| {
+                change
+                    .old
+                    .as_ref()?
+                    .pointer("/metadata/uid")?
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect()
     }
 
-    fn feed(&mut self, change: &Change) {
-        self.watchers.retain(|watcher| {
-            if (watcher.resource.group, watcher.resource.plural) != (change.key.0, change.key.1) {
-                return !watcher.sender.is_closed();
-            }
-            match event_for(watcher, change) {
-                Some(line) => watcher.sender.send(line).is_ok(),
-                None => !watcher.sender.is_closed(),
-            }
-        });
+    /// Whether the history still holds every change after `revision` (a watch or a continued
+    /// list from it is served; otherwise it is 410).
+    pub fn holds(&self, revision: u64) -> bool {
+        revision >= self.compacted
     }
 }
 
-/// Whether `watcher` selects `object`.
-pub fn selects(watcher: &Watcher, key: &Key, object: &Value) -> bool {
-    watcher
-        .namespace
-        .as_ref()
-        .is_none_or(|namespace| *namespace == key.2)
-        && watcher.labels.matches(&labels_of(object))
-        && watcher.fields.matches(object)
+// === impl Selection ===
+
+impl Selection {
+    /// Whether it selects `object`, stored under `key`.
+    pub fn selects(&self, key: &Key, object: &Value) -> bool {
+        self.namespace
+            .as_ref()
+            .is_none_or(|namespace| *namespace == key.2)
+            && self.labels.matches(&labels_of(object))
+            && self.fields.matches(object)
+    }
 }
 
-/// The watch event `change` makes for `watcher`, as one JSON line: an object entering its
+/// The next number of a splitmix64 sequence kept in `state`.
+pub fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The watch event `change` makes for `selection`, as one JSON line: an object entering the
 /// selection is ADDED, leaving it DELETED.
-pub fn event_for(watcher: &Watcher, change: &Change) -> Option<Bytes> {
+pub fn event_for(selection: &Selection, change: &Change) -> Option<Bytes> {
+    if selection.resource.storage() != (change.key.0, change.key.1) {
+        return None;
+    }
     let before = change
         .old
         .as_ref()
-        .is_some_and(|old| selects(watcher, &change.key, old));
+        .is_some_and(|old| selection.selects(&change.key, old));
     let after = change
         .new
         .as_ref()
-        .is_some_and(|new| selects(watcher, &change.key, new));
+        .is_some_and(|new| selection.selects(&change.key, new));
     let (kind, object) = match (before, after, &change.new, &change.old) {
         (false, true, Some(new), _) => ("ADDED", new.clone()),
         (true, true, Some(new), _) => ("MODIFIED", new.clone()),
@@ -228,7 +332,7 @@ pub fn event_for(watcher: &Watcher, change: &Change) -> Option<Bytes> {
         }
         _ => return None,
     };
-    Some(line(kind, watcher.resource.served(object)))
+    Some(line(kind, selection.resource.served(object)))
 }
 
 /// One watch event line.
