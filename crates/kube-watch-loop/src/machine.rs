@@ -1,4 +1,4 @@
-//! The watch loop's state machine (see the module docs of [`crate::watch`]).
+//! The watch loop's state machine (see the crate docs).
 
 use std::{collections::VecDeque, time::Duration};
 
