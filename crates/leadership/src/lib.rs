@@ -138,8 +138,8 @@
 //!
 //! # Features
 //!
-//! - `test-util`: the `testing` module: an in-memory Lease
-//!   store with fault injection and hand-driven terms, for an app's own paused-time tests.
+//! - `test-util`: the `testing` module: hand-driven terms and fences, for an app's own
+//!   paused-time tests.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -174,7 +174,7 @@ pub use self::{
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Dispatcher, TermContext},
-    health::{LeaderGauges, LeaderHealth, LeaderUnhealthy},
+    health::{LeaderHealth, LeaderUnhealthy},
     queue::{QueueKey, QueueMetrics},
     runtime::{
         Action, Reconciler, Runtime, RuntimeConfig, RuntimeConfigBuilder, RuntimeConfigError,

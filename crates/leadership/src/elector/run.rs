@@ -56,7 +56,8 @@ pub(super) struct Candidate<S> {
 }
 
 /// The watch of the lease; restarted at the next poll when it ends, and at once when it has
-/// delivered nothing for [`LeaseTimings::watch_stall_bound`](super::LeaseTimings::watch_stall_bound).
+/// delivered nothing for [`LeaseTimings::watch_stall_bound`](super::LeaseTimings::watch_stall_bound)
+/// (twice LeaseDuration).
 struct Watch {
     changes: BoxStream<'static, Result<Option<Lease>, StoreError>>,
     open: bool,

@@ -209,29 +209,10 @@ impl RuntimeConfig {
         }
     }
 
-    /// Concurrent reconciles (of distinct keys).
-    pub fn workers(&self) -> NonZeroUsize {
-        self.workers
-    }
-
-    /// How long shutdown waits for queued and in-flight work before releasing the lease anyway.
-    pub fn drain_timeout(&self) -> Duration {
-        self.drain_timeout
-    }
-
-    /// How long before RenewDeadline would end a term its fence stops writes.
+    /// How long before RenewDeadline would end a term its fence stops writes: the margin to
+    /// give [`Fence::current`] for a fence of the app's own that agrees with the runtime's.
     pub fn fence_margin(&self) -> Duration {
         self.fence_margin
-    }
-
-    /// Period of the full replay while leading; `None` when disabled.
-    pub fn resync_period(&self) -> Option<Duration> {
-        self.resync_period
-    }
-
-    /// How long a term may wait for [`Reconciler::prepare_term`] before it is given up.
-    pub fn prepare_timeout(&self) -> Duration {
-        self.prepare_timeout
     }
 }
 
@@ -290,14 +271,6 @@ impl RuntimeConfigBuilder {
     /// Default 30 s.
     pub fn prepare_timeout(mut self, timeout: Duration) -> Self {
         self.config.prepare_timeout = timeout;
-        self
-    }
-
-    /// Switches protections off, for tests that show what notices their absence.
-    #[cfg(feature = "test-util")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-    pub fn safeguards(mut self, safeguards: Safeguards) -> Self {
-        self.config.safeguards = safeguards;
         self
     }
 

@@ -766,7 +766,7 @@ async fn shutdown_while_preparing_releases_at_once() {
 #[test]
 fn prepare_timeout_defaults_to_30_seconds() {
     assert_eq!(
-        RuntimeConfig::default().prepare_timeout(),
+        RuntimeConfig::default().prepare_timeout,
         Duration::from_secs(30)
     );
 }
