@@ -32,11 +32,10 @@ pub(super) struct Candidate<S> {
     sender: LeadershipSender,
     metrics: ElectorMetrics,
     observed: Option<Observed>,
-    term: Option<Term>,
-    /// The resourceVersion of our last successful write.
+    /// Leading a term or following, with what only that role keeps.
+    role: Role,
+    /// The resourceVersion of our last successful write (of this process, in any term).
     written_version: Option<String>,
-    /// Whether the watch has delivered our last write (so later events are newer than it).
-    watch_caught_up: bool,
     /// When the lease was deleted while another holder's term ran: when that term would have
     /// expired. Until then we do not re-create the lease (see [`Candidate::observe`]).
     vanished_until: Option<Instant>,
@@ -50,9 +49,22 @@ pub(super) struct Candidate<S> {
     preferences: Option<Preferences>,
     /// Terms the app gives up ([`ElectorHandle::give_up`](super::ElectorHandle::give_up)).
     give_ups: Option<mpsc::UnboundedReceiver<u64>>,
-    /// After giving a term up: until when this candidate takes no free lease, so that another
-    /// replica can lead.
-    holding_off_until: Option<Instant>,
+}
+
+/// What the candidate is doing, with the state that belongs to it.
+enum Role {
+    /// Not leading.
+    Following {
+        /// After giving a term up: until when this candidate takes no free lease, so that
+        /// another replica can lead.
+        holding_off_until: Option<Instant>,
+    },
+    /// Leading `term`, published on the leadership value.
+    Leading {
+        term: Term,
+        /// Whether the watch has delivered our last write (so later events are newer than it).
+        watch_caught_up: bool,
+    },
 }
 
 /// The watch of the lease; restarted at the next poll when it ends, and at once when it has
@@ -108,15 +120,13 @@ impl<S: LeaseStore> Candidate<S> {
             sender,
             metrics,
             observed: None,
-            term: None,
+            role: Role::FOLLOWING,
             written_version: None,
-            watch_caught_up: false,
             vanished_until: None,
             last_observed_at: Instant::now(),
             mode: Mode::Compete,
             preferences: None,
             give_ups: None,
-            holding_off_until: None,
         }
     }
 
@@ -192,7 +202,7 @@ impl<S: LeaseStore> Candidate<S> {
         watch: &mut Watch,
         started: Instant,
     ) -> Option<Option<Lease>> {
-        let leading = self.term.is_some();
+        let leading = self.role.leading();
         let identity = self.config.identity().to_owned();
         let mut seen = None;
         let attempt = self.bounded(stop, started, |me| me.attempt(started));
@@ -237,7 +247,7 @@ impl<S: LeaseStore> Candidate<S> {
             Reaction::WeighPreference => {
                 let started = Instant::now();
                 self.bounded(stop, started, |me| me.weigh_watched()).await;
-                if self.term.is_none() {
+                if !self.role.leading() {
                     // Yielded (or the write clearing the holder failed): look again now.
                     *next_attempt = Instant::now();
                 }
@@ -270,7 +280,7 @@ impl<S: LeaseStore> Candidate<S> {
             .step_down_at()
             .unwrap_or(started + self.config.timings().renew_deadline());
         // Taken now: `f` holds `self` until the end.
-        let term = self.term.as_ref().map(Term::id);
+        let term = self.role.term().map(Term::id);
         let metrics = self.metrics.clone();
         let count_failure = || ElectorMetrics::count(&metrics.counters.renew_failures);
         let attempt = timeout_at(until, f(self));
@@ -310,7 +320,7 @@ impl<S: LeaseStore> Candidate<S> {
         };
         self.observe(current.clone(), Instant::now());
         self.step_down_unless_named();
-        if self.term.is_none() && self.holding_off(Instant::now()) {
+        if !self.role.leading() && self.holding_off(Instant::now()) {
             return;
         }
         let Some(lease) = current else {
@@ -330,7 +340,7 @@ impl<S: LeaseStore> Candidate<S> {
         }
         let claimed = match self.mode.decide(&lease, self.config.identity()) {
             Decision::Claim if self.mode == Mode::Coordinated => {
-                coordinated::claim_named(lease, &self.config, self.term.is_none())
+                coordinated::claim_named(lease, &self.config, !self.role.leading())
             }
             Decision::Claim if self.named_by_earlier_process() => {
                 record::claim_from_earlier_process(lease, &self.config)
@@ -339,7 +349,9 @@ impl<S: LeaseStore> Candidate<S> {
             Decision::Wait => return,
             Decision::OtherPreferred => match self.weigh_preference(&lease).await {
                 Weighed::Yield => return self.yield_lease(lease).await,
-                Weighed::Keep => coordinated::claim_named(lease, &self.config, self.term.is_none()),
+                Weighed::Keep => {
+                    coordinated::claim_named(lease, &self.config, !self.role.leading())
+                }
                 // Neither renew nor yield: a failed renewal, retried at the next attempt. Safe
                 // both ways: while our record is valid the controller names nobody else, and if
                 // reads keep failing our term ends at RenewDeadline and the controller elects.
@@ -389,10 +401,15 @@ impl<S: LeaseStore> Candidate<S> {
             .and_then(|lease| lease.metadata.resource_version.clone());
         if version.is_some() && version == self.written_version {
             // Watch events arrive in order: every later event is newer than our last write.
-            self.watch_caught_up = true;
+            if let Role::Leading {
+                watch_caught_up, ..
+            } = &mut self.role
+            {
+                *watch_caught_up = true;
+            }
         }
         self.observe(lease, now);
-        let leading = self.term.is_some();
+        let leading = self.role.leading();
         if let Some(reaction) = self.react_coordinated(leading, previously_preferred.as_deref()) {
             return reaction;
         }
@@ -403,7 +420,7 @@ impl<S: LeaseStore> Candidate<S> {
             (false, None, _) => Reaction::AttemptNow,
             (false, Some(_), _) | (true, _, true) => Reaction::Nothing,
             // A record without us, newer than our last write: the lease is lost.
-            (true, _, false) if self.watch_caught_up => {
+            (true, _, false) if self.role.watch_caught_up() => {
                 self.step_down_unless_named();
                 Reaction::Nothing
             }
@@ -446,7 +463,7 @@ impl<S: LeaseStore> Candidate<S> {
         let Some(preferred) = coordinated::preferred_holder(lease) else {
             return Weighed::Keep;
         };
-        let term = self.term.as_ref().map(Term::id);
+        let term = self.role.term().map(Term::id);
         match self.preferences.as_mut() {
             Some(preferences) => {
                 preferences
@@ -496,7 +513,7 @@ impl<S: LeaseStore> Candidate<S> {
     /// means the lease is not ours any more, whatever our last renewal says: the term ends now.
     /// If the lease is free, a later guarded write may start a new term.
     fn step_down_unless_named(&mut self) {
-        if self.term.is_none() {
+        if !self.role.leading() {
             return;
         }
         let named = self
@@ -536,7 +553,7 @@ impl<S: LeaseStore> Candidate<S> {
             }
             (None, Some(previous))
                 if self.config.waits_after_a_deleted_lease()
-                    && (self.term.is_none()
+                    && (!self.role.leading()
                         || record::holder(&previous.lease) != Some(self.config.identity())) =>
             {
                 // Someone may hold it whom we did not see (our reads failing, our watch
@@ -613,28 +630,34 @@ impl<S: LeaseStore> Candidate<S> {
             lease_transitions: spec.lease_transitions.unwrap_or(0),
         });
         self.written_version = lease.metadata.resource_version.clone();
-        self.watch_caught_up = false;
         self.observe(Some(lease), Instant::now());
-        match &self.term {
-            Some(term) => {
+        match &mut self.role {
+            Role::Leading {
+                term,
+                watch_caught_up,
+            } => {
+                *watch_caught_up = false;
                 term.record_renewal(sent_at);
                 debug!(term = term.id(), "renewed the lease");
             }
-            None => {
+            Role::Following { .. } => {
                 let mut term = Term::new(sent_at, self.config.timings().renew_deadline());
                 if let Some(token) = token {
                     term = term.with_token(token);
                 }
                 ElectorMetrics::count(&self.metrics.counters.acquisitions);
                 info!(term = term.id(), "acquired the lease; leading");
-                self.term = Some(term.clone());
+                self.role = Role::Leading {
+                    term: term.clone(),
+                    watch_caught_up: false,
+                };
                 self.sender.send_replace(Some(term));
             }
         }
     }
 
     fn failed(&mut self, error: &StoreError) {
-        if let Some(term) = &self.term {
+        if let Some(term) = self.role.term() {
             ElectorMetrics::count(&self.metrics.counters.renew_failures);
             warn!(term = term.id(), %error, "renewing the lease failed");
         } else {
@@ -644,7 +667,7 @@ impl<S: LeaseStore> Candidate<S> {
 
     /// While leading: when the term ends unless a renewal succeeds first.
     fn step_down_at(&self) -> Option<Instant> {
-        let term = self.term.as_ref()?;
+        let term = self.role.term()?;
         Some(term.last_renewed_at() + self.config.timings().renew_deadline())
     }
 
@@ -655,7 +678,7 @@ impl<S: LeaseStore> Candidate<S> {
     }
 
     fn step_down(&mut self, reason: StepDown) {
-        let Some(term) = self.term.take() else {
+        let Some(term) = self.role.end_term() else {
             return;
         };
         if !matches!(
@@ -687,10 +710,10 @@ impl<S: LeaseStore> Candidate<S> {
             }
         };
         match (&self.observed, self.vanished_until) {
-            (Some(observed), _) if self.term.is_none() && observed.holder().is_some() => {
+            (Some(observed), _) if !self.role.leading() && observed.holder().is_some() => {
                 sooner(observed.expires_at(&self.config))
             }
-            (None, Some(until)) if self.term.is_none() && until > Instant::now() => sooner(until),
+            (None, Some(until)) if !self.role.leading() && until > Instant::now() => sooner(until),
             _ => next,
         }
     }
@@ -699,7 +722,7 @@ impl<S: LeaseStore> Candidate<S> {
     /// lease for LeaseDuration, so that another replica leads (a replica whose term could not
     /// start would otherwise take the lease straight back).
     async fn give_up(&mut self, term: u64) {
-        if self.term.as_ref().map(Term::id) != Some(term) {
+        if self.role.term().map(Term::id) != Some(term) {
             debug!(term, "asked to give up a term that is already over");
             return;
         }
@@ -712,18 +735,23 @@ impl<S: LeaseStore> Candidate<S> {
         );
         self.step_down(StepDown::GaveUp);
         self.release().await;
-        self.holding_off_until = Some(Instant::now() + hold_off);
+        self.role = Role::Following {
+            holding_off_until: Some(Instant::now() + hold_off),
+        };
     }
 
     /// Whether this candidate still holds off after giving a term up.
     fn holding_off(&self, now: Instant) -> bool {
-        self.holding_off_until.is_some_and(|until| until > now)
+        matches!(
+            self.role,
+            Role::Following { holding_off_until: Some(until) } if until > now
+        )
     }
 
     /// Stops leading, then clears the holder if the record still names us, guarded by
     /// resourceVersion. Best effort: on failure the lease simply expires.
     async fn release(&mut self) {
-        let was_leading = self.term.is_some();
+        let was_leading = self.role.leading();
         self.step_down(StepDown::Released);
         let named_us = self
             .observed
@@ -770,6 +798,50 @@ async fn next_give_up(give_ups: &mut Option<mpsc::UnboundedReceiver<u64>>) -> Op
             }
         },
         None => std::future::pending().await,
+    }
+}
+
+// === impl Role ===
+
+impl Role {
+    /// Following, not holding off.
+    const FOLLOWING: Self = Self::Following {
+        holding_off_until: None,
+    };
+
+    fn leading(&self) -> bool {
+        matches!(self, Self::Leading { .. })
+    }
+
+    /// The term led, if any.
+    fn term(&self) -> Option<&Term> {
+        match self {
+            Self::Leading { term, .. } => Some(term),
+            Self::Following { .. } => None,
+        }
+    }
+
+    /// Leading: follows from now on (not holding off) and returns the term that ended.
+    /// Following: stays as it is.
+    fn end_term(&mut self) -> Option<Term> {
+        match std::mem::replace(self, Self::FOLLOWING) {
+            Self::Leading { term, .. } => Some(term),
+            following @ Self::Following { .. } => {
+                *self = following;
+                None
+            }
+        }
+    }
+
+    /// Whether the watch has delivered our last write of the term led (false while following).
+    fn watch_caught_up(&self) -> bool {
+        matches!(
+            self,
+            Self::Leading {
+                watch_caught_up: true,
+                ..
+            }
+        )
     }
 }
 
