@@ -17,6 +17,7 @@ use crate::{
 };
 
 /// What a watched change asks the loop to do.
+#[derive(Debug, PartialEq, Eq)]
 pub(super) enum Reaction {
     Nothing,
     /// The lease is free (released or deleted): try to take it now.
@@ -284,6 +285,181 @@ impl<S: LeaseStore> Candidate<S> {
             }
             (None, Some(until)) if !self.role.leading() && until > Instant::now() => sooner(until),
             _ => next,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A competing candidate's reaction to a watched Lease record, by table: its role, what it
+    //! last saw, and the record the watch delivers decide what the loop does next and whether
+    //! the term goes on. No I/O: the bookkeeping alone.
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use std::time::Duration;
+
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+
+    use super::*;
+    use crate::{
+        elector::{LeaseConfig, LeaseTimings},
+        store::MemoryLeaseStore,
+        term::Term,
+    };
+
+    const US: &str = "us";
+
+    /// Who holds a record the table names.
+    #[derive(Clone, Copy)]
+    enum Holder {
+        Us,
+        Other,
+        Nobody,
+    }
+
+    struct Case {
+        name: &'static str,
+        /// Leading, and whether the watch has delivered our last write (version 5).
+        leading: Option<bool>,
+        /// The record last seen (version, holder), if any.
+        seen: Option<(u64, Holder)>,
+        /// The watched record (version, holder); `None`: the Lease was deleted.
+        watched: Option<(u64, Holder)>,
+        reaction: Reaction,
+        leading_after: bool,
+    }
+
+    fn record(version: u64, holder: Holder) -> Lease {
+        let holder = match holder {
+            Holder::Us => US,
+            Holder::Other => "other",
+            Holder::Nobody => "",
+        };
+        let mut lease = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(15),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        lease.metadata.resource_version = Some(version.to_string());
+        lease
+    }
+
+    fn candidate(case: &Case) -> Candidate<MemoryLeaseStore> {
+        let config = LeaseConfig::new("lease", "ns", US, LeaseTimings::default()).unwrap();
+        let (sender, _) = tokio::sync::watch::channel(None);
+        let mut candidate = Candidate::new(
+            config,
+            MemoryLeaseStore::new(),
+            sender,
+            ElectorMetrics::default(),
+        );
+        let now = Instant::now();
+        candidate.observed = case
+            .seen
+            .map(|(version, holder)| Observed::update(None, record(version, holder), now));
+        if let Some(watch_caught_up) = case.leading {
+            candidate.written_version = Some("5".to_owned());
+            candidate.role = Role::Leading {
+                term: Term::new(now, Duration::from_secs(10)),
+                watch_caught_up,
+            };
+        }
+        candidate
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_record_moves_the_candidate_as_its_table_says() {
+        use Holder::{Nobody, Other, Us};
+        let cases = [
+            Case {
+                name: "a follower takes a released Lease at once",
+                leading: None,
+                seen: Some((4, Other)),
+                watched: Some((6, Nobody)),
+                reaction: Reaction::AttemptNow,
+                leading_after: false,
+            },
+            Case {
+                name: "a follower leaves a Lease another holds",
+                leading: None,
+                seen: None,
+                watched: Some((6, Other)),
+                reaction: Reaction::Nothing,
+                leading_after: false,
+            },
+            Case {
+                name: "a follower waits out a deleted Lease's holder before re-creating it",
+                leading: None,
+                seen: Some((4, Other)),
+                watched: None,
+                reaction: Reaction::Nothing,
+                leading_after: false,
+            },
+            Case {
+                name: "a follower that saw no Lease and sees none takes it at once",
+                leading: None,
+                seen: None,
+                watched: None,
+                reaction: Reaction::AttemptNow,
+                leading_after: false,
+            },
+            Case {
+                name: "a lagging watch's older release is ignored",
+                leading: None,
+                seen: Some((7, Other)),
+                watched: Some((6, Nobody)),
+                reaction: Reaction::Nothing,
+                leading_after: false,
+            },
+            Case {
+                name: "a leader named by the record leads on",
+                leading: Some(false),
+                seen: Some((5, Us)),
+                watched: Some((5, Us)),
+                reaction: Reaction::Nothing,
+                leading_after: true,
+            },
+            Case {
+                name: "a leader whose watch delivered its last write steps down on another holder",
+                leading: Some(true),
+                seen: Some((5, Us)),
+                watched: Some((6, Other)),
+                reaction: Reaction::Nothing,
+                leading_after: false,
+            },
+            Case {
+                name: "a leader whose watch may lag confirms another holder with a read",
+                leading: Some(false),
+                seen: Some((5, Us)),
+                watched: Some((6, Other)),
+                reaction: Reaction::ConfirmHolder,
+                leading_after: true,
+            },
+            Case {
+                name: "a leader whose watch delivered its last write steps down on a release",
+                leading: Some(true),
+                seen: Some((5, Us)),
+                watched: Some((6, Nobody)),
+                reaction: Reaction::Nothing,
+                leading_after: false,
+            },
+        ];
+        for case in cases {
+            let mut candidate = candidate(&case);
+            let watched = case
+                .watched
+                .map(|(version, holder)| record(version, holder));
+            let reaction = candidate.react(watched, Instant::now());
+            assert_eq!(reaction, case.reaction, "{}", case.name);
+            assert_eq!(
+                candidate.role.leading(),
+                case.leading_after,
+                "{}: leading after",
+                case.name
+            );
         }
     }
 }
