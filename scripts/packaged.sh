@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds the packaged `leadership` crate as an outside crate would: `cargo package`, unpack the
-# .crate, then build a crate of its own in a temporary folder, outside this workspace, whose
-# dependency lines are the README's (with `leadership` pointing at the unpacked package), whose
-# main.rs is the README's example, and whose examples are the package's own examples. So the
-# README's lines and example, and the examples, are shown to work with what crates.io would get.
+# Builds the packaged `leadership` crate as an outside crate would: `cargo package` (with
+# `kube-watch-loop`, which it depends on and which is published beside it), unpack the .crates,
+# then build a crate of its own in a temporary folder, outside this workspace, whose dependency
+# lines are the README's (with `leadership` pointing at the unpacked package, and crates.io's
+# `kube-watch-loop` patched to its unpacked package), whose main.rs is the README's example, and
+# whose examples are the package's own examples. So the README's lines and example, and the
+# examples, are shown to work with what crates.io would get.
 #
 # Offline: versions come from this workspace's Cargo.lock and the local registry cache (warm
 # once the workspace has been built). The outside crate's target folder is kept outside the
@@ -26,16 +28,17 @@ block() {
   ' "$readme"
 }
 
-echo "==> cargo package -p leadership"
-# As a library it enables no Kubernetes version; the package's own check build needs one.
-K8S_OPENAPI_ENABLED_VERSION=1.37 cargo package -p leadership --locked --allow-dirty --no-verify --quiet
+echo "==> cargo package -p kube-watch-loop -p leadership"
+# As libraries they enable no Kubernetes version; the packages' own check builds need one.
+K8S_OPENAPI_ENABLED_VERSION=1.37 cargo package -p kube-watch-loop -p leadership --locked --allow-dirty --no-verify --quiet
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
-crate_file="$target/package/leadership-$version.crate"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-tar -xzf "$crate_file" -C "$work"
+tar -xzf "$target/package/leadership-$version.crate" -C "$work"
+tar -xzf "$target/package/kube-watch-loop-$version.crate" -C "$work"
 package="$work/leadership-$version"
+watch_loop="$work/kube-watch-loop-$version"
 adopter="$work/adopter"
 mkdir -p "$adopter/src" "$adopter/examples"
 
@@ -67,6 +70,8 @@ thiserror = "2"
 tracing = "0.1"
 tracing-subscriber = { version = "0.3", features = ["env-filter"] }
 EOF
+  # Not on crates.io until it is published with leadership: its package stands in.
+  printf '\n[patch.crates-io]\nkube-watch-loop = { path = "%s" }\n' "$watch_loop"
 } >"$adopter/Cargo.toml"
 block '```rust,no_run' >"$adopter/src/main.rs"
 [[ -s "$adopter/src/main.rs" ]] || {

@@ -21,13 +21,16 @@ bash scripts/mutants.sh check
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
-# The one crate meant for crates.io: packaged and built alone, as `cargo publish` would (it
-# reaches the crates.io index; nothing is uploaded). As a library it enables no Kubernetes
-# version of k8s-openapi (the application chooses); built alone it takes the workspace's from
-# K8S_OPENAPI_ENABLED_VERSION, set for this command only (set in .cargo/config.toml instead,
-# cargo saw it as changed on every build and rebuilt the kube stack each time).
-echo "==> cargo publish --dry-run -p leadership"
-K8S_OPENAPI_ENABLED_VERSION=1.37 cargo publish --dry-run -p leadership --locked
+# The crates meant for crates.io, `leadership` and the watch loop it runs its Lease watch on
+# (`kube-watch-loop`, published with it): packaged and built alone, as `cargo publish` would (it
+# reaches the crates.io index; nothing is uploaded). Named together, cargo verifies leadership
+# against the packaged watch loop, as crates.io would serve it once both are published. As
+# libraries they enable no Kubernetes version of k8s-openapi (the application chooses); built
+# alone they take the workspace's from K8S_OPENAPI_ENABLED_VERSION, set for this command only
+# (set in .cargo/config.toml instead, cargo saw it as changed on every build and rebuilt the kube
+# stack each time).
+echo "==> cargo publish --dry-run -p kube-watch-loop -p leadership"
+K8S_OPENAPI_ENABLED_VERSION=1.37 cargo publish --dry-run -p kube-watch-loop -p leadership --locked
 
 # The package again, built as an outside crate would use it: the README's dependency lines and
 # example, and the package's examples (offline, from the registry cache the build above warmed).

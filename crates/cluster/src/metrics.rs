@@ -13,7 +13,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use leadership::{ElectorMetrics, FenceMetrics, LeaderGauges, Leadership, QueueMetrics};
+use leadership::{ElectorMetrics, FenceMetrics, Leadership, QueueMetrics};
 use slices::ProblemKind;
 
 use crate::{
@@ -137,6 +137,15 @@ pub struct LeadershipCollector {
     pub queue: QueueMetrics,
     /// Current leadership.
     pub leadership: Leadership,
+}
+
+/// The two leader gauges of one process, read at scrape time ([`LeaderGauges::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeaderGauges {
+    /// 1 while this process leads, else 0.
+    leader: i64,
+    /// The current term's id, 0 while following.
+    term: i64,
 }
 
 // === impl Metrics ===
@@ -268,6 +277,19 @@ impl Metrics {
         self.slice_write_errors
             .get_or_create(&WriteLabels { operation })
             .inc();
+    }
+}
+
+// === impl LeaderGauges ===
+
+impl LeaderGauges {
+    /// The gauges of `leadership` now.
+    fn of(leadership: &Leadership) -> Self {
+        let term = leadership.borrow().as_ref().map(|term| term.id());
+        Self {
+            leader: i64::from(term.is_some()),
+            term: term.map_or(0, |id| i64::try_from(id).unwrap_or(i64::MAX)),
+        }
     }
 }
 
@@ -434,6 +456,24 @@ mod tests {
             })
             .collect();
         assert_eq!(documented, served);
+    }
+
+    #[test]
+    fn leader_gauges_name_the_current_term_while_leading_and_zero_while_following() {
+        let term = leadership::testing::unbounded_term();
+        let (sender, leadership) = leadership::testing::leadership(Some(term.clone()));
+        assert_eq!(
+            LeaderGauges::of(&leadership),
+            LeaderGauges {
+                leader: 1,
+                term: term.id() as i64
+            }
+        );
+        sender.send_replace(None);
+        assert_eq!(
+            LeaderGauges::of(&leadership),
+            LeaderGauges { leader: 0, term: 0 }
+        );
     }
 
     #[test]

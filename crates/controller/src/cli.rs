@@ -624,9 +624,12 @@ mod tests {
             .unwrap()
             .validate(None)
             .unwrap();
-        let candidate = settings.coordinated.unwrap();
-        assert_eq!(candidate.binary_version(), env!("CARGO_PKG_VERSION"));
-        assert_eq!(candidate.emulation_version(), env!("CARGO_PKG_VERSION"));
+        // Binary and emulation versions: both this build's.
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            settings.coordinated.unwrap(),
+            CandidateConfig::new(version, version).unwrap()
+        );
 
         let settings = parse(&[
             "--identity",
@@ -638,7 +641,11 @@ mod tests {
         .unwrap()
         .validate(None)
         .unwrap();
-        assert_eq!(settings.coordinated.unwrap().emulation_version(), "0.0.1");
+        // The binary's version, and the emulation version of the flag.
+        assert_eq!(
+            settings.coordinated.unwrap(),
+            CandidateConfig::new(env!("CARGO_PKG_VERSION"), "0.0.1").unwrap()
+        );
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Fence {
     }
 
     /// Whether the term is still current, without counting a refusal.
-    pub fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         self.leadership
             .borrow()
             .as_ref()

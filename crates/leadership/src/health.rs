@@ -1,5 +1,4 @@
-//! Health signals for a metrics layer and a liveness probe: the leader gauges and a
-//! healthz-style check of the leader's renewals.
+//! A healthz-style check of the leader's renewals, for a liveness probe.
 
 use std::time::Duration;
 
@@ -24,18 +23,9 @@ pub struct LeaderHealth {
 #[error("leading term {term}, but its lease was last renewed {since_renewal:?} ago")]
 pub struct LeaderUnhealthy {
     /// The term still published as current.
-    pub term: u64,
+    term: u64,
     /// How long ago its last successful renewal was sent.
-    pub since_renewal: Duration,
-}
-
-/// The two leader gauges of one process, read at scrape time ([`LeaderGauges::of`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaderGauges {
-    /// 1 while this process leads, else 0.
-    pub leader: i64,
-    /// The current term's id, 0 while following.
-    pub term: i64,
+    since_renewal: Duration,
 }
 
 // === impl LeaderHealth ===
@@ -66,19 +56,6 @@ impl LeaderHealth {
     }
 }
 
-// === impl LeaderGauges ===
-
-impl LeaderGauges {
-    /// The gauges of `leadership` now.
-    pub fn of(leadership: &Leadership) -> Self {
-        let term = leadership.borrow().as_ref().map(|term| term.id());
-        Self {
-            leader: i64::from(term.is_some()),
-            term: term.map_or(0, |id| i64::try_from(id).unwrap_or(i64::MAX)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,15 +69,8 @@ mod tests {
     async fn a_leader_whose_renewals_stopped_past_the_deadline_and_tolerance_is_unhealthy() {
         let term = Term::new(Instant::now(), RENEW_DEADLINE);
         let (tx, rx) = watch::channel(Some(term.clone()));
-        let health = LeaderHealth::new(rx.clone(), TOLERANCE);
+        let health = LeaderHealth::new(rx, TOLERANCE);
         assert_eq!(health.check(), Ok(()));
-        assert_eq!(
-            LeaderGauges::of(&rx),
-            LeaderGauges {
-                leader: 1,
-                term: term.id() as i64
-            }
-        );
 
         advance(RENEW_DEADLINE + TOLERANCE).await;
         assert_eq!(
@@ -123,6 +93,5 @@ mod tests {
         tx.send_replace(None);
         advance(Duration::from_secs(3600)).await;
         assert_eq!(health.check(), Ok(()));
-        assert_eq!(LeaderGauges::of(&rx), LeaderGauges { leader: 0, term: 0 });
     }
 }

@@ -125,11 +125,11 @@
 //!
 //! # Watches
 //!
-//! [`watch`] is the watch loop the elector's Lease watch runs on, public so that an app's own
-//! watches can run on it too and reconnect by the same rules: list (streaming when offered), watch
-//! from the list's version, resume from the last version read, re-list after 410, back off on
-//! errors, and restart a stream silent past a bound. It is a state machine over [`watch::WatchApi`]
-//! (list a page, watch from a version), which `kube::Api<K>` implements.
+//! The elector's Lease watch runs on the watch loop of the `kube-watch-loop` crate (published
+//! beside this one): list (streaming when offered), watch from the list's version, resume from
+//! the last version read, re-list after 410, back off on errors, and restart a stream silent past
+//! a bound. An app may run its own watches on it too, so that every watch of a process reconnects
+//! by the same rules; nothing here requires it.
 //!
 //! # TLS
 //!
@@ -138,8 +138,8 @@
 //!
 //! # Features
 //!
-//! - `test-util`: the `testing` module: an in-memory Lease
-//!   store with fault injection and hand-driven terms, for an app's own paused-time tests.
+//! - `test-util`: the `testing` module: hand-driven terms and fences, for an app's own
+//!   paused-time tests.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -156,7 +156,6 @@ mod term;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testing;
-pub mod watch;
 
 /// The token [`Runtime::run`] stops on (`tokio_util::sync::CancellationToken`), re-exported so
 /// that an app needs no `tokio-util` dependency of its own.
@@ -175,7 +174,7 @@ pub use self::{
     },
     fence::{Fence, FenceMetrics, Fenced},
     gate::{Dispatcher, TermContext},
-    health::{LeaderGauges, LeaderHealth, LeaderUnhealthy},
+    health::{LeaderHealth, LeaderUnhealthy},
     queue::{QueueKey, QueueMetrics},
     runtime::{
         Action, Reconciler, Runtime, RuntimeConfig, RuntimeConfigBuilder, RuntimeConfigError,

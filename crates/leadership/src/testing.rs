@@ -1,13 +1,10 @@
 //! Test support (feature `test-util`): leadership without an API server, for an app's own
 //! paused-time tests.
 //!
-//! - [`MemoryLeaseStore`] keeps one Lease in memory with the API server's optimistic-concurrency
-//!   rules; several connections share it like replicas share an API server, and each can be
-//!   given faults (failed, hanging or slow calls, a blind watch, a panic, a concurrent writer).
-//!   [`in_memory_elector`] runs the real elector on it.
-//! - [`leadership`], [`term`] and [`unbounded_term`] let a test publish terms by hand;
-//!   [`external_elector`] hands such a leadership value to [`Runtime::run`](crate::Runtime::run)
-//!   in place of an elector; [`fence`] guards writes of a hand-made term.
+//! [`leadership`], [`term`] and [`unbounded_term`] let a test publish terms by hand;
+//! [`external_elector`] hands such a leadership value to [`Runtime::run`](crate::Runtime::run) in
+//! place of an elector; [`fence`] guards writes of a hand-made term. The elector itself is tested
+//! by this crate, in memory and against a real API server; an app's tests need not run it.
 //!
 //! Never enable this feature in a production build: nothing here elects anyone.
 
@@ -15,14 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{ElectorHandle, Fence, FenceMetrics, Leadership, LeaseConfig, LeaseElector, Term};
-pub use crate::{store::MemoryLeaseStore, term::LeadershipSender};
-
-/// The real elector, competing for the Lease kept by `store` (one connection per replica:
-/// [`MemoryLeaseStore::connect`]).
-pub fn in_memory_elector(config: LeaseConfig, store: MemoryLeaseStore) -> LeaseElector {
-    LeaseElector::new(config, store)
-}
+pub use crate::term::LeadershipSender;
+use crate::{ElectorHandle, Fence, FenceMetrics, Leadership, Term};
 
 /// A leadership value driven by hand: publish `Some(term)` to lead, `None` to follow.
 pub fn leadership(initial: Option<Term>) -> (LeadershipSender, Leadership) {

@@ -199,11 +199,7 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
     )
     .expect("valid lease config")
     .with_safeguards(leadership);
-    #[allow(clippy::expect_used)]
-    let runtime = RuntimeConfig::builder()
-        .safeguards(leadership)
-        .build()
-        .expect("valid runtime config");
+    let runtime = RuntimeConfig::default().with_safeguards(leadership);
     ControllerConfig {
         slices: slices::Config::default(),
         lease,

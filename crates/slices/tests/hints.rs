@@ -51,6 +51,22 @@ fn hinted(name: &str, zone: Option<&str>, zones: &[&str]) -> Hinted {
     )
 }
 
+/// [`two_zones`]' endpoints, each hinted for its own zone.
+fn each_in_its_own_zone() -> Vec<Hinted> {
+    vec![
+        hinted("vm-a", Some("zone-a"), &["zone-a"]),
+        hinted("vm-b", Some("zone-b"), &["zone-b"]),
+    ]
+}
+
+/// [`two_zones`]' endpoints, in their zones but hinted for none.
+fn neither_hinted() -> Vec<Hinted> {
+    vec![
+        hinted("vm-a", Some("zone-a"), &[]),
+        hinted("vm-b", Some("zone-b"), &[]),
+    ]
+}
+
 /// Every endpoint of the plan's writes, hinted for what it should be; `hints: null` when none.
 fn ensure_hints(written: &[EndpointSlice], expected: &[Hinted]) -> Result<(), String> {
     let actual = hints(written);
@@ -80,71 +96,31 @@ fn which_endpoints_are_hinted() {
             "prefer_same_zone_hints_each_ready_endpoint_for_its_own_zone",
             web().traffic_distribution("PreferSameZone"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &["zone-a"]),
-                        hinted("vm-b", Some("zone-b"), &["zone-b"]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
         ),
         Case::new(
             "prefer_close_hints_like_prefer_same_zone",
             web().traffic_distribution("PreferClose"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &["zone-a"]),
-                        hinted("vm-b", Some("zone-b"), &["zone-b"]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
         ),
         Case::new(
             "prefer_same_node_hints_zones_only_as_external_workloads_have_no_node",
             web().traffic_distribution("PreferSameNode"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &["zone-a"]),
-                        hinted("vm-b", Some("zone-b"), &["zone-b"]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
         ),
         Case::new(
             "service_without_traffic_distribution_writes_no_hints",
             web(),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &[]),
-                        hinted("vm-b", Some("zone-b"), &[]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &neither_hinted()),
         ),
         Case::new(
             "unknown_traffic_distribution_value_writes_no_hints",
             web().traffic_distribution("PreferSameGalaxy"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &[]),
-                        hinted("vm-b", Some("zone-b"), &[]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &neither_hinted()),
         ),
         Case::new(
             "endpoint_without_zone_gets_no_hint_and_the_others_in_its_slice_keep_theirs",
@@ -205,15 +181,7 @@ fn which_endpoints_are_hinted() {
                 .traffic_distribution("PreferSameZone")
                 .annotation(TOPOLOGY_MODE_ANNOTATION, "Auto"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &[]),
-                        hinted("vm-b", Some("zone-b"), &[]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &neither_hinted()),
         ),
         Case::new(
             "deprecated_topology_aware_hints_annotation_overrides_traffic_distribution",
@@ -221,15 +189,7 @@ fn which_endpoints_are_hinted() {
                 .traffic_distribution("PreferSameZone")
                 .annotation(DEPRECATED_TOPOLOGY_HINTS_ANNOTATION, "auto"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &[]),
-                        hinted("vm-b", Some("zone-b"), &[]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &neither_hinted()),
         ),
         Case::new(
             "topology_mode_other_than_auto_leaves_traffic_distribution_in_charge",
@@ -237,15 +197,7 @@ fn which_endpoints_are_hinted() {
                 .traffic_distribution("PreferSameZone")
                 .annotation(TOPOLOGY_MODE_ANNOTATION, "Disabled"),
             two_zones(),
-            |p, _| {
-                ensure_hints(
-                    &p.creates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &["zone-a"]),
-                        hinted("vm-b", Some("zone-b"), &["zone-b"]),
-                    ],
-                )
-            },
+            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
         ),
     ]);
 }
@@ -264,13 +216,7 @@ fn hint_changes_rewrite_the_slices_they_touch() {
                         && p.updates.len() == existing.len(),
                     "every slice updated in place"
                 );
-                ensure_hints(
-                    &p.updates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &["zone-a"]),
-                        hinted("vm-b", Some("zone-b"), &["zone-b"]),
-                    ],
-                )
+                ensure_hints(&p.updates, &each_in_its_own_zone())
             },
         )
         .after(web(), two_zones()),
@@ -285,13 +231,7 @@ fn hint_changes_rewrite_the_slices_they_touch() {
                         && p.updates.len() == existing.len(),
                     "every slice updated in place"
                 );
-                ensure_hints(
-                    &p.updates,
-                    &[
-                        hinted("vm-a", Some("zone-a"), &[]),
-                        hinted("vm-b", Some("zone-b"), &[]),
-                    ],
-                )
+                ensure_hints(&p.updates, &neither_hinted())
             },
         )
         .after(web().traffic_distribution("PreferSameZone"), two_zones()),

@@ -6,7 +6,7 @@
 mod common;
 
 use api::v1beta1::ExternalWorkload;
-use common::{Case, converge, existing_names, names, plan, ports, run, workloads_in};
+use common::{Case, converge, existing_names, names, on_port_9090, plan, ports, run, workloads_in};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use slices::testing::{SliceStore, Svc, Workload, time, vm, web};
 use slices::{Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, Write, plan_slices};
@@ -176,14 +176,7 @@ fn packing_rules() {
         )
         .after(
             web(),
-            vec![
-                vm("a", "10.0.0.1").build(),
-                Workload::named("b")
-                    .label("app", "web")
-                    .ip("10.0.0.2")
-                    .port("http", 9090)
-                    .build(),
-            ],
+            vec![vm("a", "10.0.0.1").build(), on_port_9090("b", "10.0.0.2")],
         ),
         Case::new(
             "step4_no_placeholder_for_a_service_that_never_selected_a_workload",

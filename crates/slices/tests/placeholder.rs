@@ -6,10 +6,10 @@
 mod common;
 
 use api::v1beta1::ExternalWorkload;
-use common::{Case, converge, existing_names, names, plan, ports, run, workloads_in};
+use common::{Case, converge, existing_names, names, on_port_9090, plan, ports, run, workloads_in};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use slices::testing::{SliceStore, Workload, vm, web};
+use slices::testing::{SliceStore, vm, web};
 use slices::{Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, IDENTITY_DIGEST_ANNOTATION};
 
 fn max(n: usize) -> Config {
@@ -186,14 +186,7 @@ fn placeholder_rules() {
         )
         .after(
             web(),
-            vec![
-                vm("a", "10.0.0.1").build(),
-                Workload::named("b")
-                    .label("app", "web")
-                    .ip("10.0.0.2")
-                    .port("http", 9090)
-                    .build(),
-            ],
+            vec![vm("a", "10.0.0.1").build(), on_port_9090("b", "10.0.0.2")],
         ),
         Case::new(
             "a_placeholder_is_never_kept_in_a_family_the_service_no_longer_has",

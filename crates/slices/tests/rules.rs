@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Case, addresses, ports, run, workloads_in};
+use common::{Case, addresses, on_port_9090, ports, run, workloads_in};
 use slices::Problem;
 use slices::testing::{Svc, Workload, vm, web};
 
@@ -330,11 +330,7 @@ fn port_rules() {
             web(),
             vec![
                 vm("a", "10.0.0.1").build(),
-                Workload::named("b")
-                    .label("app", "web")
-                    .ip("10.0.0.2")
-                    .port("http", 9090)
-                    .build(),
+                on_port_9090("b", "10.0.0.2"),
                 vm("c", "10.0.0.3").build(),
             ],
             |p, _| {

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use crate::{Testbed, TestbedError, certs, write_kubeconfig};
+use crate::kubeconfig::write_kubeconfig;
+use crate::{Testbed, TestbedError, certs};
 
 // === impl Testbed ===
 

@@ -25,7 +25,7 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
-use leadership::watch::Backoff;
+use kube_watch_loop::Backoff;
 use tokio::time::Instant;
 
 use super::health::{Command, KindHealth};

@@ -20,8 +20,8 @@ use tokio::{
 // What the rest of the process may ask of a watch (a probe: restart the stream with a short
 // server timeout, which proves the cache up to date; or a re-list with plain paged LISTs), and
 // the reading of resourceVersions (a version that is not a number is never taken as proof of
-// freshness, so the barrier probes instead): the watch loop's, in the `leadership` crate.
-pub use leadership::watch::{Command, version_number};
+// freshness, so the barrier probes instead): the watch loop's, in the `kube-watch-loop` crate.
+pub use kube_watch_loop::{Command, version_number};
 
 /// The state of one watched kind, shared by its watch task, readiness, metrics and the
 /// acquisition barrier.

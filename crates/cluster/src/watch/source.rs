@@ -1,4 +1,4 @@
-//! The source of one watch: the [watch loop](leadership::watch) of the `leadership` crate (list,
+//! The source of one watch: the [watch loop](kube_watch_loop) of the `kube-watch-loop` crate (list,
 //! then watch from the list's resourceVersion, resuming from the last version read, with a bound
 //! on silence; see its docs for the states and why not kube-runtime's watcher), reporting to
 //! this kind's [`KindHealth`] and counters, and taking its commands.
@@ -9,13 +9,13 @@
 use std::sync::Arc;
 
 use kube::{Api, Resource};
-use leadership::watch::{WatchConfig, WatchHooks, WatchLoop};
+use kube_watch_loop::{WatchConfig, WatchHooks, WatchLoop};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
 use super::health::{Command, KindHealth};
 
-pub use leadership::watch::Event;
+pub use kube_watch_loop::Event;
 
 /// The counters of one watch.
 #[derive(Clone, Debug, Default)]

@@ -129,7 +129,7 @@ impl LeaseTimings {
     /// merely idle costs one request; a watch frozen without an error (a proxy or NAT that lost
     /// the connection) would otherwise hide a release or a deletion of the lease until the API
     /// server's own watch timeout, or for ever.
-    pub fn watch_stall_bound(&self) -> Duration {
+    pub(crate) fn watch_stall_bound(&self) -> Duration {
         self.lease_duration * 2
     }
 
@@ -207,7 +207,7 @@ impl LeaseConfig {
     }
 
     /// The lease timings.
-    pub fn timings(&self) -> LeaseTimings {
+    pub(crate) fn timings(&self) -> LeaseTimings {
         self.timings
     }
 }

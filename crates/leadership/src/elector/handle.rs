@@ -198,7 +198,7 @@ impl ElectorHandle {
     /// Lease would let the next leader start before it lands. Left to expire, the Lease gives
     /// that write the room a crash gives it. The elector stops (renewing nothing more) once
     /// every handle is released or dropped, and the Lease is not released then either.
-    pub fn leave_to_expire(mut self) {
+    pub(crate) fn leave_to_expire(mut self) {
         self.released = true;
         self.shared.leave_to_expire.store(true, Ordering::SeqCst);
         if self.shared.handles.fetch_sub(1, Ordering::SeqCst) == 1 {

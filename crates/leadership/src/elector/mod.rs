@@ -152,11 +152,6 @@ impl LeaseElector {
         self
     }
 
-    /// The configuration in use.
-    pub fn config(&self) -> &LeaseConfig {
-        &self.config
-    }
-
     /// The leadership value this elector will publish: `None` until it acquires the lease.
     pub fn leadership(&self) -> Leadership {
         self.leadership.clone()
@@ -226,8 +221,9 @@ impl ElectorMetrics {
         self.counters.step_downs.load(Ordering::Relaxed)
     }
 
-    /// How many times the lease watch was restarted for delivering nothing for longer than
-    /// [`LeaseTimings::watch_stall_bound`].
+    /// How many times the lease watch was restarted for delivering nothing for longer than its
+    /// stall bound (twice LeaseDuration: a healthy watch of a renewed Lease is never silent
+    /// that long).
     pub fn watch_stalls(&self) -> u64 {
         self.counters.watch_stalls.load(Ordering::Relaxed)
     }

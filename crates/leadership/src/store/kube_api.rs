@@ -8,7 +8,7 @@ use kube::{Api, Client, api::PostParams};
 use tracing::Instrument;
 
 use super::{LeaseStore, StoreError};
-use crate::watch::{Event, WatchConfig, WatchLoop};
+use kube_watch_loop::{Event, WatchConfig, WatchLoop};
 
 /// The named Lease in one namespace, through `kube::Api<Lease>`.
 #[derive(Clone)]
@@ -74,8 +74,8 @@ impl LeaseStore for KubeLeaseStore {
 
 /// Changes of the one object `name` of `api` (`None` when it is deleted), for the elector's
 /// stores: the Lease and, in coordinated mode, this replica's LeaseCandidate. The stream runs
-/// on the [watch loop](crate::watch), so it resumes, re-lists and backs off by the same rules as
-/// every other watch, and never ends or fails: errors are retried inside it.
+/// on the watch loop of the `kube-watch-loop` crate, so it resumes, re-lists and backs off by
+/// the same rules as every other watch, and never ends or fails: errors are retried inside it.
 pub(crate) fn watch_named<K>(
     api: Api<K>,
     name: &str,

@@ -138,7 +138,6 @@ impl MemoryLeaseStore {
     }
 
     /// How many get/create/replace calls this connection received.
-    #[cfg_attr(not(feature = "test-util"), allow(dead_code))] // for apps' tests (`testing`)
     pub fn calls(&self) -> u64 {
         self.faults.calls.load(Ordering::SeqCst)
     }

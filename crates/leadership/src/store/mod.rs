@@ -2,23 +2,23 @@
 //!
 //! [`LeaseStore`] is the small surface the elector needs (get, create, replace guarded by
 //! resourceVersion, and a stream of changes). [`KubeLeaseStore`] implements it with `kube::Api`;
-//! `MemoryLeaseStore` (tests and feature `test-util`) implements it in memory with the API
-//! server's optimistic-concurrency semantics and fault injection, for paused-time tests.
+//! `MemoryLeaseStore` (this crate's tests) implements it in memory with the API server's
+//! optimistic-concurrency semantics and fault injection, for the elector's paused-time tests.
 //!
-//! The trait is crate-private: an app picks a store through [`LeaseElector`] constructors
-//! (`LeaseElector::for_client`, or `testing::in_memory_elector`).
+//! The trait is crate-private: an app picks a store through [`LeaseElector`]'s constructors
+//! (`LeaseElector::for_client`).
 //!
 //! [`LeaseElector`]: crate::LeaseElector
 
 pub(crate) mod kube_api;
-#[cfg(any(test, feature = "test-util"))]
+#[cfg(test)]
 mod memory;
 
 use futures::{future::BoxFuture, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 
 pub use self::kube_api::KubeLeaseStore;
-#[cfg(any(test, feature = "test-util"))]
+#[cfg(test)]
 pub use self::memory::MemoryLeaseStore;
 
 /// Reads and writes one named Lease.
@@ -72,7 +72,7 @@ pub enum StoreError {
     #[error("lease API request failed: {0}")]
     Api(#[source] Box<kube::Error>),
     /// A failure injected by `MemoryLeaseStore` in tests. Retryable.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(test)]
     #[error("injected failure")]
     Injected,
 }

@@ -4,7 +4,7 @@
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use slices::testing::{SliceStore, time};
+use slices::testing::{SliceStore, Workload, time};
 use slices::{Config, SlicePlan, plan_slices};
 
 /// One named rule: state to converge first (if any), then the inputs of the pass under test.
@@ -181,4 +181,14 @@ pub fn only_endpoint(
         },
         other => Err(format!("expected one create, got {}", other.len())),
     }
+}
+
+/// A workload selected by `web` whose only port is `http` 9090, where `vm` workloads serve
+/// the default port: its endpoints belong in a slice of another port list.
+pub fn on_port_9090(name: &str, ip: &str) -> ExternalWorkload {
+    Workload::named(name)
+        .label("app", "web")
+        .ip(ip)
+        .port("http", 9090)
+        .build()
 }

@@ -142,12 +142,12 @@ impl CandidateConfig {
     }
 
     /// The version of the running binary.
-    pub fn binary_version(&self) -> &str {
+    pub(crate) fn binary_version(&self) -> &str {
         &self.binary_version
     }
 
     /// The version whose behaviour the binary keeps (the oldest one leads).
-    pub fn emulation_version(&self) -> &str {
+    pub(crate) fn emulation_version(&self) -> &str {
         &self.emulation_version
     }
 

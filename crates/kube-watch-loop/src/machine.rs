@@ -1,4 +1,4 @@
-//! The watch loop's state machine (see the module docs of [`crate::watch`]).
+//! The watch loop's state machine (see the crate docs).
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -34,28 +34,28 @@ struct Machine<A: WatchApi, H> {
     api: A,
     config: WatchConfig,
     hooks: H,
+    /// What the loop reads, or opens next; where it resumes from lives here too.
     state: State<A::Object>,
-    /// Whether the server offers streaming lists.
+    /// Whether the server offers streaming lists: learned once (a refusal), kept for good.
     streaming: bool,
-    /// Where to resume; `None`: list first.
-    resume_from: Option<String>,
-    /// The next list is a paged LIST (after repeated stalls, or asked for).
-    paged: bool,
-    /// The next watch from a version is a probe (short server timeout).
+    /// The next watch from a version is a probe (short server timeout). Asked for by a command
+    /// or after a loss, it holds through any list in between, until that watch starts.
     probe: bool,
-    /// The last stream ended on an error status: wait the backoff before the next start.
-    back_off: bool,
-    /// Events read and not yet returned.
+    /// Events read and not yet returned (a page holds many).
     pending: VecDeque<Event<A::Object>>,
+    /// Stalls since the last event: a second one in a row re-lists with paged lists.
     stalls_in_a_row: u32,
+    /// The delay before a retry; reset by a page or an event read.
     backoff: Backoff,
 }
 
-/// What the loop is reading.
+/// What the loop reads, or what it opens next.
 enum State<K> {
-    /// Nothing: the next step opens a stream (a streaming list, or a watch from `resume_from`)
-    /// or starts a paged list.
-    Idle,
+    /// Nothing open; the next step lists: a streaming list when the server offers one, a paged
+    /// list otherwise or when `paged` (after repeated stalls, or asked for).
+    List { paged: bool, back_off: bool },
+    /// Nothing open; the next step watches from `version`, the last one read.
+    Resume { version: String, back_off: bool },
     /// A paged list, page by page.
     Paging(Paging),
     /// An open stream.
@@ -67,6 +67,9 @@ struct Open<K> {
     answers: u64,
     /// A streaming list's initial events are still coming.
     listing: bool,
+    /// Where to resume when the stream ends: the last version read (`None` while a streaming
+    /// list's initial events are coming, or after an object without a version).
+    resume: Option<String>,
     /// When the server ends the stream (its timeout), if the connection lives that long.
     ends_at: Instant,
 }
@@ -87,12 +90,9 @@ impl<A: WatchApi, H: WatchHooks> WatchLoop<A, H> {
                 api,
                 config,
                 hooks,
-                state: State::Idle,
+                state: State::LIST,
                 streaming: true,
-                resume_from: None,
-                paged: false,
                 probe: false,
-                back_off: false,
                 pending: VecDeque::new(),
                 stalls_in_a_row: 0,
                 backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
@@ -161,14 +161,14 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                 }
                 Ok(None) => self.ended(),
                 Ok(Some(Err(error))) => {
-                    self.state = State::Idle;
+                    self.state = self.state.closed();
                     self.failed(&error).await;
                     None
                 }
                 Ok(Some(Ok(event))) => self.event(event),
             };
         }
-        if std::mem::take(&mut self.back_off) {
+        if self.state.take_back_off() {
             tokio::time::sleep(self.backoff.next_delay()).await;
         }
         let started = if matches!(self.state, State::Paging(_)) {
@@ -191,14 +191,16 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                 self.probe = true;
                 // A paged list goes on; the probe applies to the watch after it.
                 if matches!(self.state, State::Reading(_)) {
-                    self.state = State::Idle;
+                    self.state = self.state.closed();
                 }
             }
             Command::Relist(_) => {
                 tracing::info!("re-listing on request");
-                self.paged = true;
-                self.resume_from = None;
-                self.state = State::Idle;
+                // A backoff still owed is waited before the list.
+                self.state = State::List {
+                    paged: true,
+                    back_off: self.state.backing_off(),
+                };
             }
         }
     }
@@ -207,35 +209,13 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
     /// list.
     async fn open(&mut self) -> kube::Result<()> {
         let answers = self.hooks.latest_request();
-        let Some(version) = self.resume_from.clone() else {
-            self.hooks.listing();
-            self.pending.push_back(Event::ListStart);
-            if !self.streaming || self.paged {
-                self.paged = false;
-                self.state = State::Paging(Paging {
-                    continue_token: None,
-                    answers,
-                });
-                return Ok(());
+        let version = match &self.state {
+            State::List { paged, .. } => {
+                let paged = *paged;
+                return self.list(answers, paged).await;
             }
-            let mut params = self.config.watch_params(None);
-            params.send_initial_events = true;
-            let events = match self.api.watch(&params, "").await {
-                Err(error) if refused(&error) => {
-                    tracing::info!(%error, "streaming list refused; using paged lists");
-                    self.streaming = false;
-                    self.pending.clear();
-                    return Ok(());
-                }
-                opened => opened?,
-            };
-            self.state = State::Reading(Open {
-                events,
-                answers,
-                listing: true,
-                ends_at: ends_at(&params),
-            });
-            return Ok(());
+            State::Resume { version, .. } => version.clone(),
+            State::Paging(_) | State::Reading(_) => return Ok(()),
         };
         let timeout = std::mem::take(&mut self.probe).then_some(PROBE_TIMEOUT_SECONDS);
         let params = self.config.watch_params(timeout);
@@ -244,6 +224,40 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
             events,
             answers,
             listing: false,
+            resume: Some(version),
+            ends_at: ends_at(&params),
+        });
+        Ok(())
+    }
+
+    /// Starts a list: a streaming one when the server offers it and `paged` is not asked for,
+    /// else the first page of a paged list (read by the next step).
+    async fn list(&mut self, answers: u64, paged: bool) -> kube::Result<()> {
+        self.hooks.listing();
+        self.pending.push_back(Event::ListStart);
+        if !self.streaming || paged {
+            self.state = State::Paging(Paging {
+                continue_token: None,
+                answers,
+            });
+            return Ok(());
+        }
+        let mut params = self.config.watch_params(None);
+        params.send_initial_events = true;
+        let events = match self.api.watch(&params, "").await {
+            Err(error) if refused(&error) => {
+                tracing::info!(%error, "streaming list refused; using paged lists");
+                self.streaming = false;
+                self.pending.clear();
+                return Ok(());
+            }
+            opened => opened?,
+        };
+        self.state = State::Reading(Open {
+            events,
+            answers,
+            listing: true,
+            resume: None,
             ends_at: ends_at(&params),
         });
         Ok(())
@@ -262,10 +276,11 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
             Err(error) if gone(&error) => {
                 // The continue token expired: list again from the start.
                 tracing::info!("paged list expired; listing again");
-                self.state = State::Idle;
+                self.state = State::List {
+                    paged: true,
+                    back_off: false,
+                };
                 self.pending.clear();
-                self.resume_from = None;
-                self.paged = true;
                 return Ok(());
             }
             page => page?,
@@ -283,12 +298,14 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                 });
             }
             None => {
-                self.state = State::Idle;
                 self.pending.push_back(Event::ListDone(Position {
                     version: version_number(&version),
                     answers,
                 }));
-                self.resume_from = Some(version);
+                self.state = State::Resume {
+                    version,
+                    back_off: false,
+                };
             }
         }
         Ok(())
@@ -308,12 +325,12 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                 Some(Event::Listed(object))
             }
             WatchEvent::Added(object) | WatchEvent::Modified(object) => {
-                self.resume_from = object.meta().resource_version.clone();
+                open.resume = object.meta().resource_version.clone();
                 Some(Event::Apply(object))
             }
             WatchEvent::Deleted(object) => {
                 if !listing {
-                    self.resume_from = object.meta().resource_version.clone();
+                    open.resume = object.meta().resource_version.clone();
                 }
                 Some(Event::Delete(object))
             }
@@ -332,7 +349,7 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                     // A bookmark inside the initial events says nothing of the list's end.
                     return None;
                 }
-                self.resume_from = Some(version);
+                open.resume = Some(version);
                 open.listing = false;
                 Some(if listing {
                     Event::ListDone(position)
@@ -341,34 +358,42 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                 })
             }
             WatchEvent::Error(status) => {
-                self.state = State::Idle;
-                self.status(&status, listing);
+                let resume = open.resume.take();
+                self.status(&status, listing, resume);
                 None
             }
         }
     }
 
-    /// An error status inside the stream.
-    fn status(&mut self, status: &Status, listing: bool) {
+    /// An error status inside the stream, which was resuming from `resume`.
+    fn status(&mut self, status: &Status, listing: bool, mut resume: Option<String>) {
+        let mut back_off = false;
         if status.code == 410 {
             tracing::info!(message = %status.message, "watch expired; re-listing");
             self.lost();
-            self.resume_from = None;
+            resume = None;
         } else if listing && self.streaming && matches!(status.code, 400 | 422 | 501) {
             tracing::info!(message = %status.message, "streaming list refused; using paged lists");
             self.streaming = false;
-            self.resume_from = None;
+            resume = None;
         } else {
             self.hooks.failed();
             self.lost();
             // An API server that keeps answering with an error (etcd down) is not hammered.
-            self.back_off = true;
+            back_off = true;
             tracing::warn!(code = status.code, message = %status.message, "watch error; resuming after a backoff");
         }
-        if listing || self.resume_from.is_none() {
+        if listing || resume.is_none() {
             self.pending.clear();
-            self.resume_from = None;
+            resume = None;
         }
+        self.state = match resume {
+            Some(version) => State::Resume { version, back_off },
+            None => State::List {
+                paged: false,
+                back_off,
+            },
+        };
     }
 
     /// The stream (or the start of one, or a page) was silent past the stall bound.
@@ -379,9 +404,8 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         let listing = match &self.state {
             State::Reading(open) => open.listing,
             State::Paging(_) => true,
-            State::Idle => false,
+            State::List { .. } | State::Resume { .. } => false,
         };
-        self.state = State::Idle;
         let bound = self.config.stall_bound();
         if self.stalls_in_a_row > 1 || listing {
             // A new watch connection stalled too (a proxy that stalls every watch): read the
@@ -392,13 +416,16 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
                 "watch silent past the stall bound again; re-listing with paged lists"
             );
             self.pending.clear();
-            self.resume_from = None;
-            self.paged = true;
+            self.state = State::List {
+                paged: true,
+                back_off: false,
+            };
         } else {
             tracing::warn!(
                 ?bound,
                 "watch silent past the stall bound; resuming on a new connection"
             );
+            self.state = self.state.closed();
         }
     }
 
@@ -408,21 +435,22 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
     /// answer to the requests made before it (the API server sends no bookmarks when its watch
     /// cache is off, so this is the only sign a quiet kind then gives).
     fn ended(&mut self) -> Option<Event<A::Object>> {
-        let State::Reading(open) = std::mem::replace(&mut self.state, State::Idle) else {
+        let State::Reading(open) = std::mem::replace(&mut self.state, State::LIST) else {
             return None;
         };
         if open.listing {
             tracing::debug!("stream ended inside a list; listing again");
             self.pending.clear();
-            self.resume_from = None;
             return None;
         }
+        let version = open.resume.as_deref().map_or(0, version_number);
+        self.state = State::after(open.resume);
         if Instant::now() < open.ends_at {
             tracing::debug!("stream closed before its timeout; resuming");
             return None;
         }
         Some(Event::Progress(Position {
-            version: self.resume_from.as_deref().map_or(0, version_number),
+            version,
             answers: open.answers,
         }))
     }
@@ -442,13 +470,58 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         if gone(error) {
             tracing::info!(%error, "watch expired; re-listing");
             self.pending.clear();
-            self.resume_from = None;
-            self.state = State::Idle;
+            self.state = State::LIST;
             return;
         }
         let delay = self.backoff.next_delay();
         tracing::warn!(%error, ?delay, "watch failed; retrying");
         tokio::time::sleep(delay).await;
+    }
+}
+
+// === impl State ===
+
+impl<K> State<K> {
+    /// A list from scratch, streaming when offered, with no backoff owed.
+    const LIST: Self = Self::List {
+        paged: false,
+        back_off: false,
+    };
+
+    /// Nothing open, next resuming from `resume` (listing when there is none).
+    fn after(resume: Option<String>) -> Self {
+        match resume {
+            Some(version) => Self::Resume {
+                version,
+                back_off: false,
+            },
+            None => Self::LIST,
+        }
+    }
+
+    /// What follows when a stream is closed (an error, a stall, a probe): resume from the last
+    /// version it read. A state with nothing open stays as it is.
+    fn closed(&mut self) -> Self {
+        match std::mem::replace(self, Self::LIST) {
+            Self::Reading(open) => Self::after(open.resume),
+            other => other,
+        }
+    }
+
+    /// Whether a backoff is owed before the next start.
+    fn backing_off(&self) -> bool {
+        matches!(
+            self,
+            Self::List { back_off: true, .. } | Self::Resume { back_off: true, .. }
+        )
+    }
+
+    /// Takes the backoff owed before the next start, if any.
+    fn take_back_off(&mut self) -> bool {
+        match self {
+            Self::List { back_off, .. } | Self::Resume { back_off, .. } => std::mem::take(back_off),
+            Self::Paging(_) | Self::Reading(_) => false,
+        }
     }
 }
 

@@ -1,7 +1,7 @@
-//! One watch loop: list, then watch from the list's resourceVersion, resuming from the last
-//! version read whenever a stream ends, with a bound on silence. The elector's Lease watch runs
-//! on it, and an app can run its own watches on it, so that every watch of a process reconnects
-//! by the same rules.
+//! One Kubernetes watch loop: list, then watch from the list's resourceVersion, resuming from the
+//! last version read whenever a stream ends, with a bound on silence. The `leadership` crate's
+//! Lease watch runs on it, and an app can run its own watches on it, so that every watch of a
+//! process reconnects by the same rules.
 //!
 //! ```text
 //!  list (streaming, or paged) ──► watch from version ──► stream ends ──► resume from last version
@@ -27,11 +27,17 @@
 //! The first list uses the API server's streaming list (a watch with `sendInitialEvents`,
 //! Kubernetes 1.27+, on by default since 1.32) when it is offered; a server that refuses it gets
 //! paged lists instead.
+#![deny(missing_docs)]
 
 mod backoff;
 mod machine;
 #[cfg(test)]
 mod tests;
+
+/// The README's example, compiled by the doc tests so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 use std::{fmt::Debug, time::Duration};
 

@@ -25,7 +25,7 @@ use kube::{
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::watch::{Event, EventStream, WatchApi, WatchHooks};
+use crate::{Event, EventStream, WatchApi, WatchHooks};
 
 /// One answer of the scripted API, to the next request (list or watch).
 #[derive(Clone, Copy, Debug)]
