@@ -338,7 +338,6 @@ async fn a_write_waits_for_the_renewal_that_makes_the_lease_safe_again_instead_o
         Duration::from_millis(300),
         "sent at the renewal"
     );
-    assert!(pass.term.fence.is_current());
 }
 
 #[tokio::test(start_paused = true)]
