@@ -32,9 +32,14 @@ GUARD_FILES=(
   crates/leadership/src/elector/handle.rs
   crates/leadership/src/elector/mod.rs
   crates/leadership/src/elector/record.rs
-  crates/leadership/src/elector/run.rs
+  crates/leadership/src/elector/run/mod.rs
+  crates/leadership/src/elector/run/attempt.rs
+  crates/leadership/src/elector/run/observe.rs
+  crates/leadership/src/elector/run/release.rs
+  crates/leadership/src/fence.rs
   crates/leadership/src/gate/mod.rs
   crates/leadership/src/runtime/mod.rs
+  crates/leadership/src/runtime/worker.rs
 )
 
 cargo_mutants() {
