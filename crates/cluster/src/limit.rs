@@ -1,5 +1,8 @@
-//! Slice writes in flight that follow the API server (issue 34): an additive-increase,
-//! multiplicative-decrease (AIMD) limit, between 1 and a cap (`--workers`).
+//! The write path's API calls in flight follow the API server (issue 34): an additive-increase,
+//! multiplicative-decrease (AIMD) limit, between 1 and a cap (`--workers`). Every call of the
+//! write path takes a slot: slice writes, the reads that confirm a plan's additions, read-backs,
+//! Events. Reads count because they count for the server too: after a 429, a pass's confirming
+//! reads must not go out all at once and be refused again.
 //!
 //! ```text
 //!  writer ─► acquire (a free slot, no Retry-After hold) ─► --write-qps ─► fence ─► call ─► answer
@@ -8,10 +11,10 @@
 //! ```
 //!
 //! - **Grow**: an answer to a call sent while the limit was in use (at least half of it in
-//!   flight) adds 1/limit, so one more write in flight per round of answers. A limit nobody
+//!   flight) adds 1/limit, so one more call in flight per round of answers. A limit nobody
 //!   uses does not grow (at 50 changes/s it stays where it started, as the old fixed pool).
 //! - **Throttled**: a 429 (API Priority and Fairness, or a max-in-flight limit) halves the limit
-//!   and holds every new call of the write path, reads included, until its `Retry-After` (the
+//!   and holds every new call of the write path until its `Retry-After` (the
 //!   Status' `retryAfterSeconds`; 1 s, what kube-apiserver sends, when absent). The call was not
 //!   applied, so it is sent again after the hold, through the fence ([`crate::writer`]).
 //! - **Server error**: a 5xx, or a call given up at the call timeout, halves it.
@@ -119,7 +122,7 @@ pub struct Aimd {
     smoothed: Option<Duration>,
 }
 
-/// Writes in flight, shared by the workers: a slot per write, under an [`Aimd`] limit.
+/// Calls in flight, shared by the workers: a slot per call, under an [`Aimd`] limit.
 pub struct WriteLimit {
     state: Mutex<State>,
     /// Wakes callers waiting for a slot.
@@ -148,7 +151,7 @@ pub struct Permit<'a> {
 pub struct LimitMetrics {
     /// The current limit.
     pub limit: Gauge,
-    /// Writes in flight now.
+    /// Calls in flight now.
     pub in_flight: Gauge,
     /// Changes of the limit, by reason.
     pub changes: Family<ChangeLabels, Counter>,
@@ -347,30 +350,6 @@ impl WriteLimit {
         }
     }
 
-    /// Waits out a Retry-After hold, without taking a slot (the reads of the write path).
-    pub async fn wait_hold(&self) {
-        loop {
-            let held = self.state.lock().hold_until;
-            match held.filter(|at| *at > Instant::now()) {
-                Some(at) => sleep_until(at).await,
-                None => return,
-            }
-        }
-    }
-
-    /// Learns from a call that took no slot (a read): a 429 holds the write path too, and a 429
-    /// or a 5xx shrinks the limit; whether it was a 429.
-    pub fn observed<T>(&self, result: &Result<T, kube::Error>, latency: Duration) -> bool {
-        let answer = Answer::of(result, latency);
-        if matches!(answer, Answer::Answered(_) | Answer::Other) {
-            // A read's latency is not a write's: only the hard signals count.
-            return false;
-        }
-        let mut state = self.state.lock();
-        let sent = state.aimd.sent(state.in_flight);
-        self.learn(&mut state, sent, answer)
-    }
-
     /// The limit now.
     #[cfg(test)]
     pub fn limit(&self) -> usize {
@@ -467,17 +446,17 @@ impl LimitMetrics {
         }
         registry.register(
             "write_limit",
-            "Slice writes allowed in flight now (adapts to the API server, capped by --workers)",
+            "API calls of the write path allowed in flight now (adapts to the API server, capped by --workers)",
             metrics.limit.clone(),
         );
         registry.register(
             "write_in_flight",
-            "Slice writes in flight now",
+            "API calls of the write path in flight now",
             metrics.in_flight.clone(),
         );
         registry.register(
             "write_limit_changes",
-            "Changes of the writes-in-flight limit, by reason",
+            "Changes of the write path's limit of calls in flight, by reason",
             metrics.changes.clone(),
         );
         registry.register(

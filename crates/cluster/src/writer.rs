@@ -70,8 +70,8 @@ pub struct KubeWrites {
     call_timeout: Duration,
     /// `false` only in tests that switch version-fenced deletes off ([`crate::Safeguards`]).
     version_fenced_deletes: bool,
-    /// The writes in flight ([`crate::limit`]): each write takes a slot, and every call waits
-    /// out a 429's Retry-After.
+    /// The calls in flight ([`crate::limit`]): each write and each read takes a slot, and every
+    /// call waits out a 429's Retry-After.
     limit: Arc<WriteLimit>,
 }
 
@@ -164,10 +164,10 @@ impl KubeWrites {
         }
     }
 
-    /// A read of the write path: `call` bounded by the call timeout, after any Retry-After hold;
-    /// a 429 (not served) is read again after its Retry-After, until the call timeout has passed
-    /// since the first try. A read takes no slot of the writes-in-flight limit (it costs the API
-    /// server less than a write), but its 429s and 5xx shrink the limit.
+    /// A read of the write path (or an Event): `call` bounded by the call timeout, in a slot of
+    /// the limit, as a write is; a 429 (not served) is read again after its Retry-After, until
+    /// the call timeout has passed since the first try. Reads take slots too: after a 429, a
+    /// pass's confirming reads must not go out all at once and be refused again.
     async fn limited<T, F, Fut>(&self, call: F) -> Result<T, kube::Error>
     where
         F: Fn() -> Fut,
@@ -175,10 +175,9 @@ impl KubeWrites {
     {
         let deadline = Instant::now() + self.call_timeout;
         loop {
-            self.limit.wait_hold().await;
-            let sending = Instant::now();
+            let permit = self.limit.acquire().await;
             let result = self.bounded(call()).await;
-            if self.limit.observed(&result, sending.elapsed()) && Instant::now() < deadline {
+            if permit.answered(&result) && Instant::now() < deadline {
                 continue;
             }
             return result;
