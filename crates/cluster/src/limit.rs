@@ -18,10 +18,11 @@
 //!   Status' `retryAfterSeconds`; 1 s, what kube-apiserver sends, when absent). The call was not
 //!   applied, so it is sent again after the hold, through the fence ([`crate::writer`]).
 //! - **Server error**: a 5xx, or a call given up at the call timeout, halves it.
-//! - **Latency**: when the answers' smoothed latency rises above twice the baseline and
-//!   [`LATENCY_SLACK`] above it, the limit loses a tenth. The baseline is the fastest answer of
-//!   the last 10–20 s, so a server that stays slow for that long becomes the new baseline: the
-//!   hard signals (429, 5xx) still shrink the limit then.
+//! - **Latency**: when the writes' recent latency (a short average) rises above twice their
+//!   long average and [`LATENCY_SLACK`] above it, the limit loses a tenth. The long average
+//!   follows a server that stays slow (a loaded machine is not congestion of ours), so only a
+//!   rise shrinks the limit, as in gradient limiters; the hard signals (429, 5xx) do the rest.
+//!   Reads are answered faster than writes: their latency is not judged, only their answers.
 //! - One decrease per round: an answer to a call sent before the last decrease does not
 //!   decrease again (TCP's one reduction per window), so a burst of 429s to calls that were
 //!   already in flight halves the limit once, not down to 1.
@@ -58,11 +59,11 @@ pub const LATENCY_SLACK: Duration = Duration::from_millis(50);
 /// How long the API server is left alone after a 429 without a `Retry-After`.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The baseline latency is the fastest answer of the current and the previous window.
-const BASELINE_WINDOW: Duration = Duration::from_secs(10);
+/// Weight of the newest write's latency in the short average (about the last 4 writes).
+const SHORT_WEIGHT: f64 = 0.25;
 
-/// Weight of the newest answer in the smoothed latency.
-const SMOOTHING: f64 = 0.25;
+/// Weight of the newest write's latency in the long average (about the last 50 writes).
+const LONG_WEIGHT: f64 = 0.02;
 
 /// The bounds and the start of the limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +77,11 @@ pub struct LimitConfig {
 /// How the API server answered one call, as the limit sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
-    /// An answer (success, or a definite refusal such as 404, 409, 422), after this long.
+    /// An answer to a write (success, or a definite refusal such as 404, 409, 422), after this
+    /// long.
     Answered(Duration),
+    /// An answer to a read (or an Event): steady, its latency not judged.
+    Served,
     /// 429: try again after this long (the server's Retry-After, if it gave one).
     Throttled(Option<Duration>),
     /// A 5xx, or no answer within the call timeout.
@@ -116,10 +120,9 @@ pub struct Aimd {
     max: f64,
     /// Decreases so far.
     epoch: u64,
-    /// Fastest answer of the current window, and of the one before.
-    fastest: (Option<Duration>, Option<Duration>),
-    window_started: Instant,
-    smoothed: Option<Duration>,
+    /// Writes' latency: a short and a long moving average.
+    short: Option<Duration>,
+    long: Option<Duration>,
 }
 
 /// Calls in flight, shared by the workers: a slot per call, under an [`Aimd`] limit.
@@ -214,15 +217,14 @@ impl Answer {
 
 impl Aimd {
     /// A limit at `config.initial`, knowing nothing of the server yet.
-    pub fn new(config: LimitConfig, now: Instant) -> Self {
+    pub fn new(config: LimitConfig) -> Self {
         let max = config.max.max(1);
         Self {
             limit: config.initial.clamp(1, max) as f64,
             max: max as f64,
             epoch: 0,
-            fastest: (None, None),
-            window_started: now,
-            smoothed: None,
+            short: None,
+            long: None,
         }
     }
 
@@ -241,11 +243,14 @@ impl Aimd {
 
     /// Learns from `answer` to a call `sent`; returns why the limit changed, if its whole
     /// number did.
-    pub fn answered(&mut self, sent: Sent, answer: Answer, now: Instant) -> Option<LimitChange> {
+    pub fn answered(&mut self, sent: Sent, answer: Answer) -> Option<LimitChange> {
         let before = self.limit();
         let reason = match answer {
-            Answer::Answered(latency) => {
-                let slow = self.observe_latency(latency, now);
+            Answer::Answered(_) | Answer::Served => {
+                let slow = match answer {
+                    Answer::Answered(latency) => self.observe_latency(latency),
+                    _ => false,
+                };
                 if slow {
                     self.decrease(sent, 0.9).then_some(LimitChange::latency)
                 } else if sent.busy {
@@ -264,32 +269,23 @@ impl Aimd {
         reason.filter(|_| self.limit() != before)
     }
 
-    /// The latency the answers are judged against: the fastest of the last 10–20 s.
+    /// The latency the writes are judged against: their long average.
+    #[cfg(test)]
     pub fn baseline(&self) -> Option<Duration> {
-        match self.fastest {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.long
     }
 
-    /// Takes `latency` in; whether the answers are now slower than the bound.
-    fn observe_latency(&mut self, latency: Duration, now: Instant) -> bool {
-        if now.saturating_duration_since(self.window_started) >= BASELINE_WINDOW {
-            self.fastest = (None, self.fastest.0);
-            self.window_started = now;
-        }
-        self.fastest.0 = Some(
-            self.fastest
-                .0
-                .map_or(latency, |fastest| fastest.min(latency)),
-        );
-        let smoothed = match self.smoothed {
-            None => latency,
-            Some(smoothed) => smoothed.mul_f64(1.0 - SMOOTHING) + latency.mul_f64(SMOOTHING),
+    /// Takes a write's `latency` in; whether the recent writes are slower than the bound.
+    fn observe_latency(&mut self, latency: Duration) -> bool {
+        let average = |average: Option<Duration>, weight: f64| {
+            average.map_or(latency, |average| {
+                average.mul_f64(1.0 - weight) + latency.mul_f64(weight)
+            })
         };
-        self.smoothed = Some(smoothed);
-        let baseline = self.baseline().unwrap_or(latency);
-        smoothed > (baseline * 2).max(baseline + LATENCY_SLACK)
+        let short = average(self.short, SHORT_WEIGHT);
+        let long = average(self.long, LONG_WEIGHT);
+        (self.short, self.long) = (Some(short), Some(long));
+        short > (long * 2).max(long + LATENCY_SLACK)
     }
 
     /// Multiplies the limit by `factor`, once per round: not for a call sent before the last
@@ -309,7 +305,7 @@ impl Aimd {
 impl WriteLimit {
     /// A limit under `config`, publishing into `metrics`.
     pub fn new(config: LimitConfig, metrics: LimitMetrics) -> Self {
-        let aimd = Aimd::new(config, Instant::now());
+        let aimd = Aimd::new(config);
         metrics.limit.set(aimd.limit() as i64);
         Self {
             state: Mutex::new(State {
@@ -359,7 +355,7 @@ impl WriteLimit {
     /// Learns `answer` to a call `sent`; whether it was a 429.
     fn learn(&self, state: &mut State, sent: Sent, answer: Answer) -> bool {
         let now = Instant::now();
-        let change = state.aimd.answered(sent, answer, now);
+        let change = state.aimd.answered(sent, answer);
         let throttled = if let Answer::Throttled(after) = answer {
             let until = now + after.unwrap_or(DEFAULT_RETRY_AFTER);
             state.hold_until = Some(state.hold_until.map_or(until, |held| held.max(until)));
@@ -411,10 +407,23 @@ impl std::fmt::Debug for WriteLimit {
 // === impl Permit ===
 
 impl Permit<'_> {
-    /// Frees the slot and teaches the limit how `result` was answered; whether it was a 429 (the
-    /// call was not applied: send it again, through the fence, after the hold).
+    /// Frees the slot and teaches the limit how the write was answered (`result`); whether it
+    /// was a 429 (the call was not applied: send it again, through the fence, after the hold).
     pub fn answered<T>(self, result: &Result<T, kube::Error>) -> bool {
         let answer = Answer::of(result, self.sent_at.elapsed());
+        self.learn(answer)
+    }
+
+    /// [`Permit::answered`] for a read: its latency is not judged.
+    pub fn served<T>(self, result: &Result<T, kube::Error>) -> bool {
+        let answer = match Answer::of(result, self.sent_at.elapsed()) {
+            Answer::Answered(_) => Answer::Served,
+            other => other,
+        };
+        self.learn(answer)
+    }
+
+    fn learn(self, answer: Answer) -> bool {
         let mut state = self.limit.state.lock();
         self.limit.learn(&mut state, self.sent, answer)
         // The slot is freed as `self` drops.

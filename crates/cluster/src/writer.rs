@@ -177,7 +177,7 @@ impl KubeWrites {
         loop {
             let permit = self.limit.acquire().await;
             let result = self.bounded(call()).await;
-            if permit.answered(&result) && Instant::now() < deadline {
+            if permit.served(&result) && Instant::now() < deadline {
                 continue;
             }
             return result;

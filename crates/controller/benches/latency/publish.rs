@@ -260,6 +260,25 @@ async fn controller_publish(settings: &Settings<'_>, qps: usize) -> Published {
     .await;
     let done = SystemTime::now();
     let acquired = leader.logged_at("acquired the lease").unwrap();
+    // How the calls in flight adapted (cluster::limit): where the limit ended and why it moved.
+    let changes = |reason: &str| {
+        metrics.sum(
+            "external_endpoints_write_limit_changes_total",
+            &format!("reason=\"{reason}\""),
+        )
+    };
+    progress(
+        settings.started,
+        format!(
+            "  leader's write limit at the end {}: {} steady rises, {} latency, {} throttled, {} server-error decreases; {} 429s",
+            metrics.sum("external_endpoints_write_limit", ""),
+            changes("steady"),
+            changes("latency"),
+            changes("throttled"),
+            changes("server_error"),
+            metrics.sum("external_endpoints_write_throttled_total", ""),
+        ),
+    );
     leader.terminate();
     leader.wait_exit(Duration::from_secs(60)).await;
     Published {
