@@ -298,3 +298,25 @@ proptest! {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_backlog_answered_steadily_raises_the_limit_to_the_cap() {
+    let limit = WriteLimit::new(config(4, 32), LimitMetrics::default());
+    // 64 callers with work always waiting (an initial publish), each call answered in 20 ms.
+    let callers = (0..64).map(|_| async {
+        for _ in 0..40 {
+            let permit = limit.acquire().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            permit.answered::<()>(&Ok(()));
+        }
+    });
+    let started = Instant::now();
+    futures::future::join_all(callers).await;
+    assert_eq!(limit.limit(), 32);
+    // 2,560 calls: at 4 in flight they would take 12.8 s; at the cap, under 2 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -279,6 +279,24 @@ async fn controller_publish(settings: &Settings<'_>, qps: usize) -> Published {
             metrics.sum("external_endpoints_write_throttled_total", ""),
         ),
     );
+    let mean_ms = |stage: &str| {
+        let labels = format!("stage=\"{stage}\"");
+        1000.0 * metrics.sum("external_endpoints_stage_seconds_sum", &labels)
+            / metrics
+                .sum("external_endpoints_stage_seconds_count", &labels)
+                .max(1.0)
+    };
+    progress(
+        settings.started,
+        format!(
+            "  leader's barrier {:.3} s; mean per key: queued {:.1} ms, plan {:.2} ms; per write: slot and rate {:.1} ms, write {:.1} ms",
+            metrics.sum("external_endpoints_acquire_barrier_seconds", ""),
+            mean_ms("queued"),
+            mean_ms("plan"),
+            mean_ms("rate_limited"),
+            mean_ms("write"),
+        ),
+    );
     leader.terminate();
     leader.wait_exit(Duration::from_secs(60)).await;
     Published {
