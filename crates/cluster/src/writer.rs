@@ -4,9 +4,10 @@
 //! Order: creates, then updates (those that add a workload to their slice first, those that drop
 //! one another update adds last), then deletes, so endpoints are never missing between two calls;
 //! nothing of a later step is sent once a write of the pass failed; NotFound on delete is success.
-//! Pipelined where that order allows (issue 34): the creates of a pass go out together; the passes of different Services overlap on the workers; how many writes are in
-//! flight follows the API server's answers ([`crate::limit`]), and a 429 is sent again after its
-//! Retry-After, through the fence.
+//! Pipelined where that order allows (issue 34): the creates of a pass go out together; the
+//! passes of different Services overlap on the workers; how many calls are in flight follows the
+//! API server's answers ([`crate::limit`]), and a 429 is sent again after its Retry-After, through
+//! the fence.
 //!
 //! Read your own writes (docs/architecture.md, "A fresh view", clause 2): each accepted write's
 //! answer enters the slice cache at once (a create or update with its resourceVersion, a delete
