@@ -3,10 +3,10 @@
 //!
 //! Order: creates, then updates (those that add a workload to their slice first, those that drop
 //! one another update adds last), then deletes, so endpoints are never missing between two calls;
-//! nothing of a later step is sent once a write of the pass failed; NotFound on delete is success.
-//! Pipelined where that order allows (issue 34): the creates of a pass go out together; the
-//! passes of different Services overlap on the workers; how many calls are in flight follows the
-//! API server's answers ([`crate::limit`]), and a 429 is sent again after its Retry-After, through
+//! nothing more is sent once a write of the pass failed; NotFound on delete is success.
+//! Pipelined across Services (issue 34): the passes of different Services overlap on the
+//! workers, each pass's writes one at a time; how many calls are in flight follows the API
+//! server's answers ([`crate::limit`]), and a 429 is sent again after its Retry-After, through
 //! the fence.
 //!
 //! Read your own writes (docs/architecture.md, "A fresh view", clause 2): each accepted write's
@@ -28,7 +28,6 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use api::v1beta1::ExternalWorkload;
-use futures::future::join_all;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -379,46 +378,25 @@ impl WriteRate {
 /// Sends `plan`'s writes for the pass's Service, fenced, recording each accepted write in the
 /// tracker.
 ///
-/// Pipelined where order allows (issue 34): the creates are sent together (independent new
-/// slices; the slowest of them, not their sum, is the pass's time), then the updates one by one
-/// in the plan's order (an update that drops a workload another update adds goes after it), then
-/// the deletes one by one; each write waits for a slot of the writes-in-flight limit
-/// ([`crate::limit`]), and the fence is checked immediately before each call. Nothing after a
-/// failed write is sent: the writes after it may depend on it (a delete after a create or update,
-/// the update that drops a moved workload), and the Service is planned again anyway. Creates
-/// already sent beside a failed one finish and are recorded; the first failure (in plan order)
-/// is returned. A fenced write stops the pass too.
+/// One at a time, in the plan's order, so that a pass never has two writes on the wire: the
+/// scripted scenario `term_ending_mid_pass_sends_nothing_more_and_the_next_term_finishes_the_plan`
+/// holds that a term ending after a pass's first write sends nothing more (its creates sent
+/// together would both be on the wire). What overlaps is the passes of different Services (issue
+/// 34): each write waits for a slot of the calls in flight ([`crate::limit`]), and the fence is
+/// checked immediately before each call. Stops at the first write that fails, and returns its
+/// error: the writes after it may depend on it (an update that drops a workload another update
+/// of the pass adds, a delete after a create or update), and the Service is planned again
+/// anyway. A fenced write stops the pass too.
 pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, WriteError> {
     let mut written = Written::default();
-    let creates = join_all(
-        plan.creates
-            .iter()
-            .map(|slice| write_one(pass, Write::Create(slice))),
-    );
-    tally(&mut written, creates.await)?;
-    for write in plan.writes().skip(plan.creates.len()) {
-        tally(&mut written, [write_one(pass, write).await])?;
-    }
-    Ok(written)
-}
-
-/// Counts a step's accepted writes into `written`; the step's first failure, if any.
-fn tally(
-    written: &mut Written,
-    results: impl IntoIterator<Item = Result<Operation, WriteError>>,
-) -> Result<(), WriteError> {
-    let mut failed = None;
-    for result in results {
-        match result {
-            Ok(Operation::Create) => written.created += 1,
-            Ok(Operation::Update) => written.updated += 1,
-            Ok(Operation::Delete) => written.deleted += 1,
-            Err(error) => {
-                failed.get_or_insert(error);
-            }
+    for write in plan.writes() {
+        match write_one(pass, write).await? {
+            Operation::Create => written.created += 1,
+            Operation::Update => written.updated += 1,
+            Operation::Delete => written.deleted += 1,
         }
     }
-    failed.map_or(Ok(()), Err)
+    Ok(written)
 }
 
 /// Sends one write, fenced; records an accepted one (tracker, cache, metrics).
