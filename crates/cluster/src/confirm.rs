@@ -29,8 +29,11 @@ use slices::{CachedService, CachedSlice, CachedWorkload, SlicePlan, Token, selec
 
 use crate::writer::KubeWrites;
 
-/// Added workloads read one GET each up to this many; more are read by one LIST.
-pub const GET_AT_MOST: usize = 8;
+/// Added workloads read one GET each up to this many; more are read by one LIST (by the
+/// Service's selector, served from the API server's cache once it has caught up). Issue 34: at 8,
+/// the initial publish of Services of 5 workloads each sent 6 reads per create, each taking a
+/// slot of the write path's calls in flight; one LIST and the Service's GET do the same.
+pub const GET_AT_MOST: usize = 3;
 
 /// Whether the API server agrees with the view: the Service (if `read_service`) exists with
 /// the same uid and selector, and each of `workloads` exists with the same uid and is selected.

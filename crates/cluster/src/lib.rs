@@ -22,6 +22,7 @@ mod events;
 mod handlers;
 mod health;
 mod intern;
+mod limit;
 pub mod measure;
 mod metrics;
 mod preview;
@@ -55,6 +56,7 @@ use crate::{
     caches::Caches,
     events::Diagnostics,
     handlers::{Dispatch, Handler, OnService, OnSlice, OnWorkload, ServiceDispatcher},
+    limit::{LimitConfig, LimitMetrics, WriteLimit},
     metrics::{KindLabels, LeadershipCollector, Metrics},
     reconcile::{ReconcileError, Shared, TermState},
     watch::{
@@ -87,7 +89,8 @@ pub struct ControllerConfig {
     /// a timeout of a sixth of this, so a healthy watch hears a bookmark well within it, and a
     /// lagging one too.
     pub stall_bound: Duration,
-    /// Most slice writes per second, across workers (0: no limit but the workers' count).
+    /// Most slice writes per second, across workers (0: no limit but the writes-in-flight
+    /// limit, which adapts to the API server up to the workers' count).
     pub write_qps: u32,
     /// The controller's protections: all on, except in tests built with `test-util`.
     pub safeguards: Safeguards,
@@ -138,8 +141,14 @@ impl Controller {
             controller: config.slices.managed_by().to_string(),
             instance: Some(config.lease.identity().to_string()),
         };
+        // Writes in flight adapt to the API server, capped by the workers (`--workers`).
+        let limit = WriteLimit::new(
+            LimitConfig::capped_at(config.runtime.workers().get()),
+            LimitMetrics::register(registry),
+        );
         let api = KubeWrites::new(client.clone(), reporter)
-            .version_fenced_deletes(config.safeguards.version_fenced_deletes);
+            .version_fenced_deletes(config.safeguards.version_fenced_deletes)
+            .with_limit(Arc::new(limit));
         let caches = Arc::new(Caches::new());
         let metrics = Metrics::register(registry);
         let kind = |name| {

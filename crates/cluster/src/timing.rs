@@ -45,7 +45,8 @@ pub enum Stage {
     retry_wait,
     /// Planning one Service (caches read, plan computed).
     plan,
-    /// Waiting for the write rate limit (`--write-qps`) before one write.
+    /// Waiting before one write for a slot of the calls in flight (`crate::limit`, a 429's
+    /// Retry-After) and for the write rate limit (`--write-qps`).
     rate_limited,
     /// Waiting, before one write, for a renewal to make the lease safely held again (at most
     /// the fence's margin; zero while renewals are quick).

@@ -4,6 +4,10 @@
 //! Order: creates, then updates (those that add a workload to their slice first, those that drop
 //! one another update adds last), then deletes, so endpoints are never missing between two calls;
 //! nothing more is sent once a write of the pass failed; NotFound on delete is success.
+//! Pipelined across Services (issue 34): the passes of different Services overlap on the
+//! workers, each pass's writes one at a time; how many calls are in flight follows the API
+//! server's answers ([`crate::limit`]), and a 429 is sent again after its Retry-After, through
+//! the fence.
 //!
 //! Read your own writes (docs/architecture.md, "A fresh view", clause 2): each accepted write's
 //! answer enters the slice cache at once (a create or update with its resourceVersion, a delete
@@ -21,7 +25,7 @@
 //! rewrite, another writer) is refused with 409 and reported as [`WriteError::Conflict`]: the
 //! Service is planned again once the cache shows the newer version (issue 16).
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::NamespaceResourceScope;
@@ -44,6 +48,7 @@ use tokio::time::Instant;
 
 use crate::{
     caches::Caches,
+    limit::WriteLimit,
     metrics::{Metrics, Operation},
     timing::{Stage, Timing},
     watch::health::version_number,
@@ -65,12 +70,15 @@ pub struct KubeWrites {
     call_timeout: Duration,
     /// `false` only in tests that switch version-fenced deletes off ([`crate::Safeguards`]).
     version_fenced_deletes: bool,
+    /// The calls in flight ([`crate::limit`]): each write and each read takes a slot, and every
+    /// call waits out a 429's Retry-After.
+    limit: Arc<WriteLimit>,
 }
 
 /// A write the API server did not answer within the call timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("no answer from the API server within {0:?}")]
-pub struct CallTimedOut(Duration);
+pub struct CallTimedOut(pub Duration);
 
 /// Why a pass of writes stopped.
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +127,14 @@ impl KubeWrites {
             client,
             call_timeout: CALL_TIMEOUT,
             version_fenced_deletes: true,
+            limit: Arc::default(),
         }
+    }
+
+    /// Writes under `limit` (the controller's, whose metrics are registered).
+    pub fn with_limit(mut self, limit: Arc<WriteLimit>) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// Sends each delete's preconditions only if `fenced`.
@@ -146,6 +161,26 @@ impl KubeWrites {
             Err(_) => Err(kube::Error::Service(Box::new(CallTimedOut(
                 self.call_timeout,
             )))),
+        }
+    }
+
+    /// A read of the write path (or an Event): `call` bounded by the call timeout, in a slot of
+    /// the limit, as a write is; a 429 (not served) is read again after its Retry-After, until
+    /// the call timeout has passed since the first try. Reads take slots too: after a 429, a
+    /// pass's confirming reads must not go out all at once and be refused again.
+    async fn limited<T, F, Fut>(&self, call: F) -> Result<T, kube::Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let deadline = Instant::now() + self.call_timeout;
+        loop {
+            let permit = self.limit.acquire().await;
+            let result = self.bounded(call()).await;
+            if permit.served(&result) && Instant::now() < deadline {
+                continue;
+            }
+            return result;
         }
     }
 
@@ -205,7 +240,7 @@ impl KubeWrites {
             + std::fmt::Debug,
     {
         let api: Api<K> = Api::namespaced(self.client.clone(), namespace);
-        self.bounded(api.get_opt(name)).await
+        self.limited(|| api.get_opt(name)).await
     }
 
     /// The slices of Service `key` managed by `managed_by`, by a consistent LIST (no
@@ -220,12 +255,9 @@ impl KubeWrites {
             "{SERVICE_NAME_LABEL}={},{MANAGED_BY_LABEL}={managed_by}",
             key.name
         );
-        let list = self
-            .bounded(
-                self.api(&key.namespace)
-                    .list(&ListParams::default().labels(&labels)),
-            )
-            .await?;
+        let api = self.api(&key.namespace);
+        let params = ListParams::default().labels(&labels);
+        let list = self.limited(|| api.list(&params)).await?;
         let version = list
             .metadata
             .resource_version
@@ -242,9 +274,8 @@ impl KubeWrites {
         labels: &str,
     ) -> Result<Vec<ExternalWorkload>, kube::Error> {
         let api: Api<ExternalWorkload> = Api::namespaced(self.client.clone(), namespace);
-        let list = self
-            .bounded(api.list(&ListParams::default().labels(labels)))
-            .await?;
+        let params = ListParams::default().labels(labels);
+        let list = self.limited(|| api.list(&params)).await?;
         Ok(list.items)
     }
 
@@ -254,7 +285,7 @@ impl KubeWrites {
         event: &Event,
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
-        self.bounded(self.events.publish(event, regarding)).await
+        self.limited(|| self.events.publish(event, regarding)).await
     }
 }
 
@@ -347,26 +378,117 @@ impl WriteRate {
 /// Sends `plan`'s writes for the pass's Service, fenced, recording each accepted write in the
 /// tracker.
 ///
-/// Stops at the first write that fails, and returns its error: the writes after it may depend on
-/// it (an update that drops a workload another update of the pass adds, a delete after a create
-/// or update), and the Service is planned again anyway. A fenced write stops the pass too.
+/// One at a time, in the plan's order, so that a pass never has two writes on the wire: the
+/// scripted scenario `term_ending_mid_pass_sends_nothing_more_and_the_next_term_finishes_the_plan`
+/// holds that a term ending after a pass's first write sends nothing more (its creates sent
+/// together would both be on the wire). What overlaps is the passes of different Services (issue
+/// 34): each write waits for a slot of the calls in flight ([`crate::limit`]), and the fence is
+/// checked immediately before each call. Stops at the first write that fails, and returns its
+/// error: the writes after it may depend on it (an update that drops a workload another update
+/// of the pass adds, a delete after a create or update), and the Service is planned again
+/// anyway. A fenced write stops the pass too.
 pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, WriteError> {
+    let mut written = Written::default();
+    for write in plan.writes() {
+        match write_one(pass, write).await? {
+            Operation::Create => written.created += 1,
+            Operation::Update => written.updated += 1,
+            Operation::Delete => written.deleted += 1,
+        }
+    }
+    Ok(written)
+}
+
+/// Sends one write, fenced; records an accepted one (tracker, cache, metrics).
+async fn write_one(pass: &Pass<'_>, write: Write<'_>) -> Result<Operation, WriteError> {
     let Pass {
         api,
         key,
         fence,
         tracker,
         metrics,
-        rate,
         timing,
         ..
     } = pass;
     let namespace = key.namespace.as_str();
-    let mut written = Written::default();
-    for write in plan.writes() {
+    let (operation, slice, sent) = match write {
+        Write::Create(slice) => (
+            Operation::Create,
+            slice,
+            send(pass, || api.create(namespace, slice)).await?,
+        ),
+        Write::Update(slice) => (
+            Operation::Update,
+            slice,
+            send(pass, || api.replace(namespace, slice)).await?,
+        ),
+        Write::Delete(slice) => {
+            delete(pass, slice).await?;
+            return Ok(Operation::Delete);
+        }
+    };
+    match sent {
+        Ok(stored) => {
+            tracker.lock().record_write(key, &stored);
+            if pass.own_writes {
+                let caches = pass.caches;
+                // Read your own write: the cache holds the answer from now on.
+                drop(
+                    caches
+                        .slices
+                        .apply(CachedSlice::new(&stored, &*caches.interner)),
+                );
+            }
+            if let Some(name) = stored.metadata.name.as_deref() {
+                timing.wrote(namespace, name);
+            }
+            metrics.count_write(operation);
+            tracing::debug!(
+                slice = %slice_name(&stored),
+                version = stored.metadata.resource_version.as_deref(),
+                ?operation,
+                "wrote slice"
+            );
+            Ok(operation)
+        }
+        // The API server's fencing policy (deploy/fencing.yaml): this replica is not the
+        // Lease's holder as the server sees it. A fenced write: counted, the pass stops.
+        Err(error) if leadership::is_fencing_policy_denial(&error) => {
+            metrics.count_write_error(operation);
+            Err(WriteError::Fenced(fence.refused_by_api_server()))
+        }
+        Err(error) => {
+            metrics.count_write_error(operation);
+            pass.unknown_outcome(&error);
+            Err(WriteError::from_api(slice, error))
+        }
+    }
+}
+
+/// Sends one call of a write: after a slot of the writes-in-flight limit and the write rate
+/// limit, with the fence checked immediately before the call. A 429 was not applied: the call is
+/// sent again after the server's Retry-After (every write waits it out), through the fence
+/// again, until the call timeout has passed since the first try; its answer is returned.
+async fn send<T, F, Fut>(pass: &Pass<'_>, call: F) -> Result<Result<T, kube::Error>, WriteError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let Pass {
+        api,
+        fence,
+        metrics,
+        rate,
+        ..
+    } = pass;
+    let deadline = Instant::now() + api.call_timeout;
+    loop {
+        let waiting = Instant::now();
+        let permit = api.limit.acquire().await;
+        rate.acquire().await;
         metrics
             .timing
-            .observe(Stage::rate_limited, rate.acquire().await);
+            .observe(Stage::rate_limited, waiting.elapsed());
         // Immediately before the call: a deposed leader writes nothing. A lease that is not
         // safely held right now (a renewal slower than RetryPeriod) is waited for, up to the
         // fence's margin, rather than refused: a pass retried after a fixed delay can fall
@@ -375,66 +497,14 @@ pub async fn write_plan(pass: &Pass<'_>, plan: &SlicePlan) -> Result<Written, Wr
             .timing
             .observe(Stage::fence_wait, fence.wait_until_safe().await?);
         let sending = Instant::now();
-        let (operation, slice, sent, count) = match write {
-            Write::Create(slice) => (
-                Operation::Create,
-                slice,
-                api.create(namespace, slice).await,
-                &mut written.created,
-            ),
-            Write::Update(slice) => (
-                Operation::Update,
-                slice,
-                api.replace(namespace, slice).await,
-                &mut written.updated,
-            ),
-            Write::Delete(slice) => {
-                let deleted = delete(pass, slice).await;
-                metrics.timing.observe(Stage::write, sending.elapsed());
-                deleted?;
-                written.deleted += 1;
-                continue;
-            }
-        };
+        let sent = call().await;
         metrics.timing.observe(Stage::write, sending.elapsed());
-        match sent {
-            Ok(stored) => {
-                tracker.lock().record_write(key, &stored);
-                if pass.own_writes {
-                    let caches = pass.caches;
-                    // Read your own write: the cache holds the answer from now on.
-                    drop(
-                        caches
-                            .slices
-                            .apply(CachedSlice::new(&stored, &*caches.interner)),
-                    );
-                }
-                if let Some(name) = stored.metadata.name.as_deref() {
-                    timing.wrote(namespace, name);
-                }
-                metrics.count_write(operation);
-                *count += 1;
-                tracing::debug!(
-                    slice = %slice_name(&stored),
-                    version = stored.metadata.resource_version.as_deref(),
-                    ?operation,
-                    "wrote slice"
-                );
-            }
-            // The API server's fencing policy (deploy/fencing.yaml): this replica is not the
-            // Lease's holder as the server sees it. A fenced write: counted, the pass stops.
-            Err(error) if leadership::is_fencing_policy_denial(&error) => {
-                metrics.count_write_error(operation);
-                return Err(WriteError::Fenced(fence.refused_by_api_server()));
-            }
-            Err(error) => {
-                metrics.count_write_error(operation);
-                pass.unknown_outcome(&error);
-                return Err(WriteError::from_api(slice, error));
-            }
+        if permit.answered(&sent) && Instant::now() < deadline {
+            tracing::debug!("throttled (429); sending again after the server's Retry-After");
+            continue;
         }
+        return Ok(sent);
     }
-    Ok(written)
 }
 
 /// Deletes `slice`, only that object in the version the plan saw (uid and resourceVersion
@@ -459,7 +529,7 @@ async fn delete(pass: &Pass<'_>, slice: &EndpointSlice) -> Result<(), WriteError
         uid: slice.metadata.uid.clone(),
         resource_version: slice.metadata.resource_version.clone(),
     };
-    match api.delete(&key.namespace, &name, &preconditions).await {
+    match send(pass, || api.delete(&key.namespace, &name, &preconditions)).await? {
         Ok(()) => {}
         // Already gone: success.
         Err(error) if status_code(&error) == Some(404) => {}
@@ -527,5 +597,7 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
     }
 }
 
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod tests;

@@ -23,9 +23,10 @@
 //! `cargo bench -p external-endpoints --bench latency`. Knobs (environment): `LATENCY_SECONDS`
 //! (30, per phase), `LATENCY_RATES` (50,100,200), `LATENCY_REPS` (2), `LATENCY_STEP_RATES`
 //! (400,800,1200,1600), `LATENCY_STEP_SECONDS` (10), `LATENCY_SERVICES` (1000),
-//! `LATENCY_WORKERS` (4; a list such as 4,16 runs a controller phase per value beside each raw
-//! phase, the first value being the baseline), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none),
-//! `LATENCY_PUBLISH_QPS` (500,100). The bench warns when the load average says something else runs.
+//! `LATENCY_WORKERS` (32, the default cap; a list such as 4,32 runs a controller phase per value
+//! beside each raw phase, the first value being the baseline and the raw publish's requests in
+//! flight), `LATENCY_PUBLISH_SIZES` (1000,10000; 0: none), `LATENCY_PUBLISH_QPS` (2000),
+//! `LATENCY_PUBLISH_RUNS` (3). The bench warns when the load average says something else runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
 #[allow(dead_code)] // the scale bench's load generator; this bench uses its change types only
@@ -110,12 +111,14 @@ async fn run() {
     let step_rates = env_list("LATENCY_STEP_RATES", &[400, 800, 1200, 1600]);
     let step_seconds = env_usize("LATENCY_STEP_SECONDS", 10);
     let service_count = env_usize("LATENCY_SERVICES", 1000);
-    let workers = env_list("LATENCY_WORKERS", &[4]);
+    // The controller's default cap (issue 34); the raw publish gets the same allowance.
+    let workers = env_list("LATENCY_WORKERS", &[32]);
     let publish_sizes: Vec<usize> = env_list("LATENCY_PUBLISH_SIZES", &[1000, 10000])
         .into_iter()
         .filter(|size| *size > 0)
         .collect();
-    let publish_qps = env_list("LATENCY_PUBLISH_QPS", &[500, 100]);
+    let publish_qps = env_list("LATENCY_PUBLISH_QPS", &[2000]);
+    let publish_runs = env_usize("LATENCY_PUBLISH_RUNS", 3).max(1);
 
     let testbed = testbed::Testbed::start(testbed::Options::default())
         .await
@@ -270,6 +273,7 @@ async fn run() {
                 namespace: &namespace,
                 services: size,
                 workers: setup.workers[0],
+                runs: publish_runs,
                 started,
             };
             publish::measure(&settings, qps_list, &mut table).await;

@@ -75,13 +75,15 @@ pub struct Args {
     #[arg(long, env = "EMULATION_VERSION")]
     pub emulation_version: Option<String>,
 
-    /// Number of Services reconciled concurrently.
-    #[arg(long, env = "WORKERS", default_value = "4", value_parser = parse_workers, allow_negative_numbers = true)]
+    /// Most Services reconciled concurrently, and the cap of the EndpointSlice writes in flight:
+    /// within it, the writes in flight follow the API server's answers (they start at 4, grow
+    /// while answers are steady, shrink on 429, 5xx and rising latency).
+    #[arg(long, env = "WORKERS", default_value = "32", value_parser = parse_workers, allow_negative_numbers = true)]
     pub workers: NonZeroU16,
 
     /// Most EndpointSlice writes per second, across all workers (a token bucket holding one
-    /// second of writes); 0 for no limit but the number of workers.
-    #[arg(long, env = "WRITE_QPS", default_value_t = 500)]
+    /// second of writes); 0 for no limit but the writes in flight.
+    #[arg(long, env = "WRITE_QPS", default_value_t = 2000)]
     pub write_qps: u32,
 
     /// Maximum endpoints in one EndpointSlice (1..=1000).
@@ -606,8 +608,9 @@ mod tests {
         assert_eq!(args.lease_duration, Duration::from_secs(15));
         assert_eq!(args.renew_deadline, Duration::from_secs(10));
         assert_eq!(args.retry_period, Duration::from_secs(2));
-        assert_eq!(args.workers.get(), 4);
-        assert_eq!(args.write_qps, 500);
+        // Caps since issue 34: the writes in flight adapt below them.
+        assert_eq!(args.workers.get(), 32);
+        assert_eq!(args.write_qps, 2000);
         assert_eq!(args.max_endpoints_per_slice, 100);
         assert_eq!(args.managed_by, "linkerd-external-workloads-controller");
         assert_eq!(args.slice_prefix, "linkerd-external-");

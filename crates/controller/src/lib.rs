@@ -143,6 +143,11 @@ async fn client(
         None => kube::Config::infer().await?,
     };
     let mut config = config;
+    // No retries hidden in the client (kube's default resends a 429, 503 or 504 up to 15 times):
+    // a write must be sent again only through the fence, and the writes in flight must see the
+    // server's 429s to back off (cluster::limit, issue 34). The elector retries at its
+    // RetryPeriod and the watches with their backoff, as the simulation's client always did.
+    config.default_retry = false;
     if let Some((user, groups)) = impersonate {
         config.auth_info.impersonate = Some(user);
         config.auth_info.impersonate_groups = (!groups.is_empty()).then_some(groups);

@@ -192,8 +192,8 @@ fn help_explains_every_flag_with_its_default() {
         ("--retry-period", Some("2s")),
         ("--coordinated-election", None),
         ("--emulation-version", None),
-        ("--workers", Some("4")),
-        ("--write-qps", Some("500")),
+        ("--workers", Some("32")),
+        ("--write-qps", Some("2000")),
         ("--max-endpoints-per-slice", Some("100")),
         (
             "--managed-by",

@@ -199,7 +199,14 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
     )
     .expect("valid lease config")
     .with_safeguards(leadership);
-    let runtime = RuntimeConfig::default().with_safeguards(leadership);
+    #[allow(clippy::expect_used)]
+    // The binary's defaults (issue 34): up to 32 Services at once, their calls in flight under
+    // the write path's adaptive limit, so the seeds run with writes pipelined as deployed.
+    let runtime = RuntimeConfig::builder()
+        .workers(32)
+        .build()
+        .expect("valid runtime config")
+        .with_safeguards(leadership);
     ControllerConfig {
         slices: slices::Config::default(),
         lease,
@@ -207,7 +214,7 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
         runtime,
         namespace: None,
         stall_bound,
-        write_qps: 500,
+        write_qps: 2000,
         safeguards: controller,
     }
 }

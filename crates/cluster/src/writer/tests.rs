@@ -14,7 +14,7 @@ use crate::{
     test_api::{TestApi, TestTerm},
 };
 
-const NAMESPACE: &str = "ns";
+pub(super) const NAMESPACE: &str = "ns";
 
 /// A slice of Service `web`: to create (named by `generateName`) or named.
 fn slice(name: &str, generate_name: bool) -> EndpointSlice {
@@ -44,7 +44,7 @@ fn never_stored(name: &str) -> EndpointSlice {
 }
 
 /// Stores a slice for each of `names` and returns them as the plans of these tests saw them.
-async fn stored(api: &TestApi, names: &[&str]) -> Vec<EndpointSlice> {
+pub(super) async fn stored(api: &TestApi, names: &[&str]) -> Vec<EndpointSlice> {
     let mut slices = Vec::new();
     for name in names {
         slices.push(api.store(&slice(name, false)).await);
@@ -53,7 +53,11 @@ async fn stored(api: &TestApi, names: &[&str]) -> Vec<EndpointSlice> {
 }
 
 /// A plan that creates `creates` (by generateName) and updates and deletes existing slices.
-fn plan(creates: &[&str], updates: Vec<EndpointSlice>, deletes: Vec<EndpointSlice>) -> SlicePlan {
+pub(super) fn plan(
+    creates: &[&str],
+    updates: Vec<EndpointSlice>,
+    deletes: Vec<EndpointSlice>,
+) -> SlicePlan {
     SlicePlan {
         creates: creates.iter().map(|name| slice(name, true)).collect(),
         updates,
@@ -64,17 +68,17 @@ fn plan(creates: &[&str], updates: Vec<EndpointSlice>, deletes: Vec<EndpointSlic
 
 /// The parts one pass needs: a term that lasts until a test ends it, a tracker, the caches,
 /// metrics.
-struct Pass {
-    term: TestTerm,
-    tracker: Mutex<Tracker>,
+pub(super) struct Pass {
+    pub(super) term: TestTerm,
+    pub(super) tracker: Mutex<Tracker>,
     caches: Caches,
-    metrics: Metrics,
+    pub(super) metrics: Metrics,
     rate: WriteRate,
     timing: Timing,
 }
 
 impl Pass {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let metrics = Metrics::register(&mut Registry::default());
         Self {
             term: TestTerm::new(),
@@ -86,7 +90,11 @@ impl Pass {
         }
     }
 
-    async fn write(&self, api: &TestApi, plan: &SlicePlan) -> Result<Written, WriteError> {
+    pub(super) async fn write(
+        &self,
+        api: &TestApi,
+        plan: &SlicePlan,
+    ) -> Result<Written, WriteError> {
         let key = ServiceKey::new(NAMESPACE, "web");
         let pass = super::Pass {
             api: &api.writes,
@@ -102,7 +110,7 @@ impl Pass {
         write_plan(&pass, plan).await
     }
 
-    fn must_read_back(&self) -> bool {
+    pub(super) fn must_read_back(&self) -> bool {
         self.tracker
             .lock()
             .needs_read_back(&ServiceKey::new(NAMESPACE, "web"))

@@ -31,8 +31,10 @@ pub const CHANGES: usize = 30;
 pub const PAUSE: Duration = Duration::from_millis(80);
 /// Changes made before the fault (it strikes mid-stream).
 pub const BEFORE_FAULT: usize = 6;
-/// The replicas' reconcile workers (the default).
-pub const WORKERS: f64 = 4.0;
+/// The replicas' reconcile workers and cap of calls in flight (the default, `--workers`; 4 before
+/// issue 34 made it a cap the writes in flight adapt under): at most this many writes can be on
+/// the wire when a term ends.
+pub const WORKERS: f64 = 32.0;
 /// The replicas' drain deadline (`--drain-timeout` of [`e2e_args`](crate::replica::e2e_args)).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Mean pause between two resets of every connection.

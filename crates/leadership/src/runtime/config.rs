@@ -101,6 +101,12 @@ impl RuntimeConfig {
         }
     }
 
+    /// Concurrent reconciles (of distinct keys): also the cap an app gives its own limits of
+    /// work in flight (the controller's writes in flight).
+    pub fn workers(&self) -> NonZeroUsize {
+        self.workers
+    }
+
     /// How long before RenewDeadline would end a term its fence stops writes: the margin to
     /// give [`Fence::current`] for a fence of the app's own that agrees with the runtime's.
     pub fn fence_margin(&self) -> Duration {
