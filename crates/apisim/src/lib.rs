@@ -56,7 +56,9 @@
 //! an expiry). The trace found, and this server now follows: Event groups in one storage with
 //! Go's empty fields; ExternalWorkload versions pruning each other's `meshTLS` spelling and
 //! ratcheted validation; Service and port defaults; immediate deletes answered with a `Status`
-//! (Services with the object at its deletion version); no-op updates not written; PUT creating
+//! (Services with the object at its deletion version); no-op updates not written (with
+//! [`ServerConfig::skip_unchanged_writes`]: by default they are still written, for the callers
+//! that rely on it); PUT creating
 //! a missing Lease, Event or Service (409 when it names a version); pages walked over the keys as etcd does (a page may continue with
 //! nothing left that matches); validation before the name is looked up, preconditions before
 //! validation. What it does not hold this server to:
@@ -144,6 +146,11 @@ pub struct ServerConfig {
     /// How long after an owner is deleted the garbage collector deletes its dependents (or
     /// removes the reference, when another owner lives); `None`: no collector.
     pub garbage_collection: Option<Duration>,
+    /// Whether an update that changes nothing is answered without a write, as kube-apiserver
+    /// does (the fidelity trace runs so). Off by default: existing callers (the simulation's
+    /// safeguard sample, `cluster`'s TestApi::rewrite) rely on a rewrite of the same content
+    /// making a new resourceVersion.
+    pub skip_unchanged_writes: bool,
 }
 
 /// One API server instance: how far behind the store each of its watch caches is.
@@ -282,6 +289,7 @@ impl Default for ServerConfig {
             bookmark_interval: Duration::from_secs(60),
             instances: vec![Instance::default()],
             garbage_collection: None,
+            skip_unchanged_writes: false,
         }
     }
 }
@@ -511,13 +519,20 @@ impl ApiServer {
     where
         K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
     {
-        let (group, plural) = (K::group(&()).to_string(), K::plural(&()).to_string());
+        let (group, version, plural) = (K::group(&()), K::version(&()), K::plural(&()));
+        // Served in K's version (both Event groups share one storage).
+        let Some(resource) = kinds::RESOURCES.into_iter().find(|resource| {
+            resource.group == group && resource.plural == plural && resource.version == version
+        }) else {
+            return Vec::new();
+        };
+        let storage = resource.storage();
         let store = self.inner.store.lock();
         store
             .objects
             .iter()
-            .filter(|(key, _)| key.0 == group && key.1 == plural && wanted(&key.2, &key.3))
-            .filter_map(|(_, value)| serde_json::from_value(value.clone()).ok())
+            .filter(|(key, _)| (key.0, key.1) == storage && wanted(&key.2, &key.3))
+            .filter_map(|(_, value)| serde_json::from_value(resource.served(value.clone())).ok())
             .collect()
     }
 

@@ -288,7 +288,9 @@ impl Call<'_> {
             sent["metadata"]["generation"] = Value::from(generation + 1);
         }
         validate::validate(resource, name, &sent)?;
-        if without_empty_finalizers(&sent) == without_empty_finalizers(&current) {
+        if self.inner.config.skip_unchanged_writes
+            && without_empty_finalizers(&sent) == without_empty_finalizers(&current)
+        {
             // Nothing changed: the real server answers the stored object and writes nothing.
             return Ok(json_response(StatusCode::OK, &resource.served(current)));
         }

@@ -121,7 +121,10 @@ async fn a_seeded_trace_over_every_kind_is_answered_alike() {
         started.elapsed()
     );
 
-    let server = apisim::ApiServer::new(apisim::ServerConfig::default());
+    let server = apisim::ApiServer::new(apisim::ServerConfig {
+        skip_unchanged_writes: true,
+        ..apisim::ServerConfig::default()
+    });
     let compacting = server.clone();
     let simulated = trace::run(
         server.client("trace"),
