@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Every slice write the API applies for this replica is reported to the [`Checks`] with the
-//! term the replica was in when it sent it, so a write from an ended term is caught at the
-//! instant it lands.
+//! process incarnation that sent it (each start of the replica's process gets a
+//! [`LinkService`] of its own), so a write from an ended tenure is caught at the instant it
+//! lands; Lease writes carry their incarnation to the checks' record of the Lease the same way.
 
 use std::{
     sync::Arc,
@@ -20,12 +21,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use leadership::Leadership;
 use parking_lot::Mutex;
-use tokio::{
-    sync::{mpsc, watch},
-    time::Instant,
-};
+use tokio::sync::{mpsc, watch};
 use tower::{Service, ServiceExt};
 
 pub use self::body::FaultBody;
@@ -93,11 +90,6 @@ struct LinkState {
     armed: Option<Armed>,
     /// Writes handed to the link that the API has neither applied nor refused yet.
     writes_in_flight: usize,
-    leadership: Option<Leadership>,
-    /// The term the link last saw current, and the last term it saw end with the instant it
-    /// ended ([`Link::observe`]).
-    current_term: Option<u64>,
-    ended_term: Option<(u64, Instant)>,
     rng: Option<Rng>,
     /// Watch streams still open (not dropped by the replica).
     open: std::collections::BTreeSet<u64>,
@@ -110,6 +102,7 @@ enum Kind {
     Watch,
     SliceWrite,
     LeaseRead,
+    LeaseWrite,
     Other,
 }
 
@@ -134,15 +127,9 @@ impl Link {
         })
     }
 
-    /// The replica's leadership, to attribute its writes to a term, and the checks to tell
-    /// whether a stalled stream is open (set at each start).
-    pub fn attach(&self, leadership: Leadership, checks: Arc<Checks>) {
-        self.update(|state| {
-            state.current_term = leadership.borrow().as_ref().map(leadership::Term::id);
-            state.ended_term = None;
-            state.leadership = Some(leadership);
-            state.checks = Some(checks);
-        });
+    /// The checks, to tell whether a stalled stream is open (set at each start).
+    pub fn attach(&self, checks: Arc<Checks>) {
+        self.update(|state| state.checks = Some(checks));
     }
 
     /// Requests fail and open streams break, until [`Link::heal`].
@@ -285,6 +272,12 @@ impl Link {
         self.state.lock().writes_in_flight
     }
 
+    /// Whether the replica's requests reach the API server now (no cut, no pause).
+    pub fn reachable(&self) -> bool {
+        let state = self.state.lock();
+        !state.cut && !state.paused
+    }
+
     /// Whether any fault is in force: one set on the link, a watch stream still stalled (the
     /// replica has not yet replaced it: within the stall bound, its cache cannot see what others
     /// write), a lagging kind, or answers to be lost.
@@ -308,27 +301,6 @@ impl Link {
             state.report_stalls(self.replica);
         }
         self.changed.send_modify(|generation| *generation += 1);
-    }
-
-    /// Takes note of a change of the replica's leadership. The replica's watcher calls it on
-    /// every change, in the instant of the change (paused time stands still while a task can
-    /// run), so a change first seen here by `Link::term` happened in the current instant.
-    pub fn observe(&self) {
-        self.state.lock().observe();
-    }
-
-    /// The replica's term for a write handed to the link now: the current one, or the one that
-    /// ended in this very instant. The writer's fence passed in the term; the runtime ended it
-    /// while the request went through the client's layers, as a request on the wire outlives
-    /// a term that ends after it was sent.
-    fn term(&self) -> Option<u64> {
-        let mut state = self.state.lock();
-        state.observe();
-        let now = Instant::now();
-        state.current_term.or(state
-            .ended_term
-            .filter(|(_, ended)| *ended == now)
-            .map(|(term, _)| term))
     }
 
     async fn answer_released(&self) {
@@ -383,25 +355,6 @@ impl Link {
 // === impl LinkState ===
 
 impl LinkState {
-    fn observe(&mut self) {
-        let Some(leadership) = self.leadership.as_mut() else {
-            return;
-        };
-        if !leadership.has_changed().unwrap_or(false) {
-            return;
-        }
-        let now = leadership
-            .borrow_and_update()
-            .as_ref()
-            .map(leadership::Term::id);
-        if let Some(previous) = self.current_term
-            && now != Some(previous)
-        {
-            self.ended_term = Some((previous, Instant::now()));
-        }
-        self.current_term = now;
-    }
-
     /// Tells the checks whether a stream a fault silenced is still open.
     fn report_stalls(&self, replica: usize) {
         let stalled = self.open.iter().any(|id| *id < self.stalled_below);
@@ -417,17 +370,21 @@ pub struct LinkService<S> {
     inner: S,
     link: Arc<Link>,
     checks: Arc<Checks>,
+    /// The incarnation of the replica's process whose client this is.
+    incarnation: u64,
 }
 
 // === impl LinkService ===
 
 impl<S> LinkService<S> {
-    /// `inner` (the API), reached through `link`, reporting writes to `checks`.
-    pub fn new(inner: S, link: Arc<Link>, checks: Arc<Checks>) -> Self {
+    /// `inner` (the API), reached through `link` by the process incarnation `incarnation`,
+    /// reporting writes to `checks`.
+    pub fn new(inner: S, link: Arc<Link>, checks: Arc<Checks>, incarnation: u64) -> Self {
         Self {
             inner,
             link,
             checks,
+            incarnation,
         }
     }
 }
@@ -452,12 +409,13 @@ where
         let inner = self.inner.clone();
         let link = self.link.clone();
         let checks = self.checks.clone();
+        let incarnation = self.incarnation;
         // Attributed when handed to the link, right after the writer's fence check: a pause
         // holds it afterwards, as a request on the wire.
         let kind = Kind::of(&request);
         let resource = (kind == Kind::Watch).then(|| resource_of(&request));
         let sent = (kind == Kind::SliceWrite)
-            .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
+            .then(|| checks.sending(link.replica, incarnation, guarded_slice(&request)));
         let write = request.method() != Method::GET;
         let exchange = async move {
             let on_the_wire = write.then(|| InFlight::new(&link));
@@ -488,6 +446,9 @@ where
             }
             if let Some(sent) = &sent {
                 checks.landing(link.replica, sent);
+            }
+            if kind == Kind::LeaseWrite {
+                checks.lease_landing(link.replica, incarnation);
             }
             let response = inner.oneshot(request).await.map_err(Into::<BoxError>::into);
             drop(on_the_wire);
@@ -585,6 +546,8 @@ impl Kind {
         );
         if write && uri.path().contains("/endpointslices") {
             Kind::SliceWrite
+        } else if write && uri.path().contains("/leases") {
+            Kind::LeaseWrite
         } else if *request.method() == Method::GET && uri.path().contains("/leases/") {
             Kind::LeaseRead
         } else {
