@@ -167,8 +167,9 @@ struct State {
     /// write of the replica about to reach the API.
     incarnations: Vec<u64>,
     lease_writer: Vec<Option<u64>>,
-    /// When a write from outside the replicas last ended each replica's tenure.
-    forced_end: Vec<Option<Instant>>,
+    /// When a write from outside the replicas last ended each replica's tenure, and the
+    /// incarnation that held it.
+    forced_end: Vec<Option<(Instant, u64)>>,
     /// The acting leaders of the last overlap recorded by check (b), so that one overlap is
     /// one violation however often it is looked at.
     overlap: Vec<(usize, u64)>,
@@ -195,8 +196,10 @@ struct State {
     /// 200), and whether it had when it last created the Lease.
     saw_lease: Vec<bool>,
     created_unseen: Vec<bool>,
-    /// Since when each replica has had a watch stream open that a fault made silent.
+    /// Since when each replica has had a watch stream open that a fault made silent, and since
+    /// when the last stream of a kind it caches (not the elector's Lease) has been one.
     stalled: Vec<Option<Instant>>,
+    cache_stalled: Vec<Option<Instant>>,
     /// The tenure each replica last ended by releasing the Lease itself (a graceful stop).
     released: Vec<Option<u64>>,
     /// The slice write of each replica on its way into the API, if any.
@@ -257,6 +260,7 @@ impl Checks {
                 saw_lease: vec![false; count],
                 created_unseen: vec![false; count],
                 stalled: vec![None; count],
+                cache_stalled: vec![None; count],
                 released: vec![None; count],
                 landing: vec![None; count],
                 unwanted: BTreeMap::new(),
@@ -273,7 +277,6 @@ impl Checks {
         state.incarnations[replica] += 1;
         state.started_at[replica] = Instant::now();
         state.saw_lease[replica] = false;
-        state.forced_end[replica] = None;
         state.incarnations[replica]
     }
 
@@ -293,15 +296,18 @@ impl Checks {
         self.state.lock().saw_lease[replica] = true;
     }
 
-    /// Whether replica `replica` has a watch stream open that a fault made silent.
-    pub fn set_stalled(&self, replica: usize, stalled: bool) {
+    /// Whether replica `replica` has a watch stream open that a fault made silent, and whether
+    /// the last stream of a kind it caches is one.
+    pub fn set_stalled(&self, replica: usize, stalled: bool, cache_stalled: bool) {
         let mut state = self.state.lock();
-        let since = &mut state.stalled[replica];
-        match (stalled, *since) {
-            (true, None) => *since = Some(Instant::now()),
-            (false, Some(_)) => *since = None,
-            _ => {}
-        }
+        let now = Instant::now();
+        let since = |since: Option<Instant>, stalled: bool| match (stalled, since) {
+            (true, None) => Some(now),
+            (false, _) => None,
+            (true, since) => since,
+        };
+        state.stalled[replica] = since(state.stalled[replica], stalled);
+        state.cache_stalled[replica] = since(state.cache_stalled[replica], cache_stalled);
     }
 
     /// Replica `replica` is gone (crashed or stopped).
@@ -329,8 +335,9 @@ impl Checks {
             incarnation,
             own,
             holder_at_send: state.tenant.as_ref().map(|tenant| tenant.holder.clone()),
-            forced_recently: state.forced_end[replica]
-                .is_some_and(|ended| now - ended < self.judge.renew_deadline),
+            forced_recently: state.forced_end[replica].is_some_and(|(ended, holder)| {
+                holder == incarnation && now - ended < self.judge.renew_deadline
+            }),
             at: now,
             guarded,
             stalled: self.stalled_within_bound(&state, replica),
@@ -501,7 +508,7 @@ impl Checks {
     /// stream of its has been silenced for longer than the stall bound plus `notice`.
     pub fn check_ready(&self, replica: usize, ready: bool, notice: Duration) {
         let mut state = self.state.lock();
-        let Some(since) = state.stalled[replica] else {
+        let Some(since) = state.cache_stalled[replica] else {
             return;
         };
         let silent = Instant::now() - since;
@@ -639,10 +646,10 @@ impl Checks {
         });
         if !same {
             if let Some(ended) = state.tenant.take()
-                && let Some((ended_replica, _)) = ended.replica
+                && let Some((ended_replica, ended_incarnation)) = ended.replica
             {
                 if writer.is_none() {
-                    state.forced_end[ended_replica] = Some(now);
+                    state.forced_end[ended_replica] = Some((now, ended_incarnation));
                 }
                 // A holder that clears its own name has released the Lease: its drain has
                 // finished (or given up) every write of that tenure.
@@ -898,7 +905,8 @@ impl State {
         // Ended by a write from outside the replicas after it was sent in its tenure, or sent
         // within RenewDeadline after such a write ended its tenure.
         let forced = match sent.own {
-            Some(_) => self.forced_end[replica].is_some_and(|ended| ended >= sent.at),
+            Some(_) => self.forced_end[replica]
+                .is_some_and(|(ended, holder)| holder == sent.incarnation && ended >= sent.at),
             None => sent.forced_recently,
         };
         let known = if forced {

@@ -91,8 +91,10 @@ struct LinkState {
     /// Writes handed to the link that the API has neither applied nor refused yet.
     writes_in_flight: usize,
     rng: Option<Rng>,
-    /// Watch streams still open (not dropped by the replica).
-    open: std::collections::BTreeSet<u64>,
+    /// Watch streams still open (not dropped by the replica), with their resource, and the
+    /// last stream opened of each resource.
+    open: std::collections::BTreeMap<u64, String>,
+    latest: std::collections::BTreeMap<String, u64>,
     checks: Option<Arc<Checks>>,
 }
 
@@ -291,7 +293,7 @@ impl Link {
             || state.lagging.is_some()
             || state.held.is_some()
             || state.lose_answers > 0
-            || state.open.iter().any(|id| *id < state.stalled_below)
+            || state.open.keys().any(|id| *id < state.stalled_below)
     }
 
     fn update(&self, change: impl FnOnce(&mut LinkState)) {
@@ -337,11 +339,13 @@ impl Link {
         }
     }
 
-    fn open_stream(&self) -> u64 {
+    fn open_stream(&self, resource: &str) -> u64 {
         let mut state = self.state.lock();
         state.next_stream += 1;
         let id = state.next_stream - 1;
-        state.open.insert(id);
+        state.open.insert(id, resource.to_string());
+        state.latest.insert(resource.to_string(), id);
+        state.report_stalls(self.replica);
         id
     }
 
@@ -357,9 +361,16 @@ impl Link {
 impl LinkState {
     /// Tells the checks whether a stream a fault silenced is still open.
     fn report_stalls(&self, replica: usize) {
-        let stalled = self.open.iter().any(|id| *id < self.stalled_below);
+        let silenced = |id: &u64| *id < self.stalled_below;
+        let stalled = self.open.keys().any(silenced);
+        // A cached kind is blind while the last stream its loop opened is silenced and still
+        // open (once the loop opened another, it has noticed, even if it still holds the
+        // silenced one); the elector's Lease watch is no cache.
+        let blind_kind = self.latest.iter().any(|(resource, id)| {
+            resource != "leases" && silenced(id) && self.open.contains_key(id)
+        });
         if let Some(checks) = &self.checks {
-            checks.set_stalled(replica, stalled);
+            checks.set_stalled(replica, stalled, blind_kind);
         }
     }
 }
@@ -492,7 +503,7 @@ where
             if !slow.is_zero() {
                 tokio::time::sleep(slow).await;
             }
-            let stream = resource.map(|resource| (link.open_stream(), resource));
+            let stream = resource.map(|resource| (link.open_stream(&resource), resource));
             Ok(response.map(|body| FaultBody::new(body, link, stream)))
         };
         if !write {
