@@ -57,8 +57,8 @@ const EXCUSED_AS_DEPLOYED: Pins = &[
 ];
 const EXCUSED_ALONE: Pins = &[
     (Known::MissingLeaseAtStart, 3),
-    (Known::ForcedLeaseChange, 110),
-    (Known::InFlightAcrossChange, 67),
+    (Known::ForcedLeaseChange, 134),
+    (Known::InFlightAcrossChange, 43),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.
