@@ -133,7 +133,9 @@ impl Admin {
         Ok((local, serve))
     }
 
-    fn respond<B>(&self, req: &Request<B>) -> Response<Full<Bytes>> {
+    /// Answers one request as the server answers it over a connection (the simulation asks
+    /// its replicas' admin endpoints this way, with no socket).
+    pub fn respond<B>(&self, req: &Request<B>) -> Response<Full<Bytes>> {
         if req.method() != Method::GET {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
         }

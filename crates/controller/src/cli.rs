@@ -381,6 +381,24 @@ impl Args {
         Ok(args)
     }
 
+    /// Settings from `argv` alone (the program name first), parsed and validated as the binary
+    /// does, reading no environment variable: neither a flag's fallback (`POD_NAME`, `WORKERS`,
+    /// ...) nor `HOSTNAME`. For building a replica's settings inside a process whose
+    /// environment is not the replica's (the simulation runs several in one process).
+    pub fn settings_from_args<I, T>(argv: I) -> Result<Settings, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let matches = Args::command()
+            .mut_args(|arg| arg.env(None::<&'static str>))
+            .try_get_matches_from(argv)
+            .map_err(|error| error.to_string())?;
+        let mut args = Args::from_arg_matches(&matches).map_err(|error| error.to_string())?;
+        args.sources = Sources::of(&matches);
+        args.validate(None)
+    }
+
     /// The command line without its environment fallbacks, the last of a repeated flag
     /// winning: for reading the settings of a container (see `installed`), not of this process.
     pub fn command_without_env() -> clap::Command {
@@ -561,6 +579,34 @@ mod tests {
         assert!(
             help.starts_with("Usage: kubectl external-endpoints"),
             "{help}"
+        );
+    }
+
+    #[test]
+    fn settings_from_args_read_the_arguments_and_no_environment_variable() {
+        // Whatever this process's HOSTNAME, POD_NAME or WORKERS: only the list counts.
+        let missing = Args::settings_from_args(["external-endpoints"]).unwrap_err();
+        assert!(missing.contains("no identity"), "{missing}");
+        let settings = Args::settings_from_args([
+            "external-endpoints",
+            "--identity",
+            "replica-0",
+            "--workers",
+            "2",
+            "--lease-namespace",
+            "sim",
+        ])
+        .unwrap();
+        assert_eq!(settings.lease.identity(), "replica-0");
+        assert_eq!(settings.runtime.workers().get(), 2);
+        assert_eq!(settings.args.lease_namespace, "sim");
+        assert_eq!(settings.args.sources.lease_namespace, Source::Flag);
+        let defaults = Args::settings_from_args(["external-endpoints", "--identity", "a"]).unwrap();
+        assert_eq!(defaults.runtime.workers().get(), 4);
+        assert_eq!(defaults.args.lease_namespace, "default");
+        assert!(
+            Args::settings_from_args(["external-endpoints", "--identity", "a", "--workers", "0"])
+                .is_err()
         );
     }
 

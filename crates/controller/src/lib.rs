@@ -65,7 +65,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn controller_config(settings: &Settings) -> ControllerConfig {
+/// The controller's configuration from the binary's settings.
+pub fn controller_config(settings: &Settings) -> ControllerConfig {
     let args = &settings.args;
     ControllerConfig {
         slices: settings.slices.clone(),

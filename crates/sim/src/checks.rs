@@ -2,16 +2,31 @@
 //! write ([`Checks::applied`]), by the links (which replica wrote, in which term), and by the
 //! replicas' published leadership.
 //!
-//! - **(a) No write from an ended term**: when the API applies a slice write of replica r, the
-//!   Lease names r, and has named r without interruption since r sent the write.
+//! - **(a) No write from an ended tenure**: when the API applies a slice write, the Lease (as the
+//!   API server recorded it) is held by the very process incarnation that sent the write, in the
+//!   tenure it held when it sent it. A tenure is one holder incarnation with one
+//!   `leaseTransitions` count: it starts when a Lease write by that incarnation names it (so a
+//!   restarted process starts a new one, under the same identity), and ends when the record
+//!   names anyone else, or no one (released, deleted). Which incarnation sent a request is the
+//!   simulation's own record (each start of a process gets a new link), never the controller's
+//!   idea of its term. A write landing while no one holds the Lease counts.
 //! - **(b) At most one acting leader**: at no instant do two replicas hold a term whose fence
-//!   would let a write through.
+//!   would let a write through; looked at on every leadership change, every Lease write (each
+//!   renewal) and every slice write sent.
 //! - **(c) Nothing deleted comes back**: once a write left a workload's endpoint out of its
 //!   Service's slices because the workload was deleted or stopped matching, no later write puts
-//!   it back while that is still so.
+//!   it back while that is still so. And every endpoint published in a Service's slices is
+//!   selected by the Service and its workload exists, within a bound of the change that made
+//!   it unwanted; the bound counts only time when a replica may write (one acts as leader and
+//!   reaches the API server).
 //! - **(d) No duplicate at rest**: when the leader has been quiet for a lease duration, no two
 //!   slices of a Service hold the same endpoint of one address family.
-//! - **(e) Convergence**: checked by the world once the faults stop (see `world`).
+//! - **(f) Ready means caught up**: a replica's `/ready` (asked in-process of the binary's admin
+//!   endpoints) never answers 200 while one of its watch streams has been silenced by a fault
+//!   for longer than the stall bound and a moment to notice ([`Checks::check_ready`]).
+//! - **(e) Convergence**: checked by the world once the faults stop (see `world`): every
+//!   Service's slices keep the rules of the independent [`reference`](crate::reference), and
+//!   nothing is written at rest.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -35,6 +50,12 @@ pub enum Check {
     TwoLeaders,
     /// (c) An endpoint whose removal was published came back.
     RemovedCameBack,
+    /// (c) An endpoint its Service does not select, or whose workload is gone, stayed
+    /// published past the bound.
+    UnwantedStayed,
+    /// (f) A replica's `/ready` answered 200 while one of its watches had been silenced for
+    /// longer than the stall bound (and a moment to notice).
+    ReadyWhileStalled,
     /// (d) Two slices of a Service held one endpoint at rest.
     DuplicateAtRest,
     /// (e) The slices did not converge within the bound after the faults stopped.
@@ -56,21 +77,26 @@ pub enum Known {
     /// cut off) still acted. A missing Lease looks the same
     /// as one never made; the API server's fence refuses the old holder's writes.
     MissingLeaseAtStart,
-    /// (a): someone other than a replica deleted or overwrote the Lease, and a write the holder
-    /// sent in its term before that, or within RenewDeadline after it (before its renewals could
-    /// show the change), landed after. The writer's fence is a clock, not a read; the API
-    /// server's fence (deployed by default) refuses such a write.
+    /// (a): a write from outside the replicas (a deletion, an overwrite) ended the writer's
+    /// tenure, and a write of that replica sent in the tenure before that, or sent within
+    /// RenewDeadline after it (before its renewals could show the change), landed after. The
+    /// writer's fence is a clock, not a read; the API server's fence (deployed by default)
+    /// refuses such a write.
     ForcedLeaseChange,
-    /// (a): a write sent in the writer's term was held in flight (a paused or slow link) past a
-    /// change of holder, and landed after it. A fence checked before sending cannot recall it;
-    /// the API server's fence refuses it (and version preconditions refuse an update or delete
-    /// of a slice the new holder has rewritten).
+    /// (a): a write sent while the Lease named its sender's incarnation (the tenure is recorded
+    /// when the write is sent) was held in flight (a paused or slow link) past the end of that
+    /// tenure, and landed after it; not after a release by its writer (the drain must have
+    /// finished it), and not onto a slice someone else rewrote since (its version precondition
+    /// must have refused it). A fence checked before sending cannot recall it; the API server's
+    /// fence refuses it when the holder's name changed (not a restart under the same name), and
+    /// version preconditions refuse an update or delete of a slice the new holder has
+    /// rewritten.
     InFlightAcrossChange,
-    /// (c): the writing replica had a watch silently stalled (not yet past the stall bound) when
-    /// it sent the write or when the write landed, so it planned on a cache up to that bound
-    /// old. (b): a replica created the Lease while its
-    /// watches were stalled so, between two of its polls, a record created and deleted again
-    /// (a short tenure of another replica, still acting) never reached it.
+    /// (c): the writing replica had a watch silently stalled, for no longer than the stall
+    /// bound, when it sent the write or when the write landed, so it planned on a cache up to
+    /// that bound old. (b): a replica created the Lease while its watches were stalled (within
+    /// the bound) so, between two of its polls, a record created and deleted again (a short
+    /// tenure of another replica, still acting) never reached it.
     StalledWatchWithinBound,
 }
 
@@ -87,14 +113,18 @@ pub struct Violation {
     pub known: Option<Known>,
 }
 
-/// A slice write on its way: who sent it, in which term, and what the Lease's owner was then.
+/// A slice write on its way: which process incarnation sent it, and the tenure of the Lease
+/// then.
 #[derive(Clone, Debug)]
 pub struct Sent {
-    term: Option<u64>,
-    tenure: u64,
-    /// Lease writes by someone other than a replica, so far.
-    forced: u64,
-    /// Whether such a write happened less than RenewDeadline before this one was sent.
+    /// The sender's incarnation (its process's start count).
+    incarnation: u64,
+    /// The tenure the sender held when it sent the write, if it held the Lease then.
+    own: Option<u64>,
+    /// Who the Lease named when the write was sent.
+    holder_at_send: Option<String>,
+    /// Whether a write from outside the replicas ended the sender's tenure less than
+    /// RenewDeadline before this one was sent (its fence is a clock, not a read).
     forced_recently: bool,
     /// When it was sent.
     at: Instant,
@@ -110,6 +140,8 @@ pub struct Sent {
 pub struct Judge {
     /// RenewDeadline of the Lease.
     pub renew_deadline: Duration,
+    /// The bound on a silent watch (`--stall-bound`): a stall excuses nothing beyond it.
+    pub stall_bound: Duration,
     /// The fence margin.
     pub margin: Duration,
     /// Whether the fence is on (with it off, every published term acts).
@@ -127,11 +159,20 @@ struct State {
     violations: Vec<Violation>,
     identities: Vec<String>,
     leaderships: Vec<Option<Leadership>>,
-    /// The Lease as the API last wrote it: holder, and its tenure number (bumped whenever the
-    /// holder becomes someone other than the last holder).
-    holder: Option<String>,
-    last_holder: Option<String>,
-    tenure: u64,
+    /// The tenure of the Lease as the API server last recorded it (none: no one holds it), and
+    /// the number of tenures so far.
+    tenant: Option<Tenant>,
+    tenures: u64,
+    /// Each replica's process incarnation (its start count), and the incarnation of a Lease
+    /// write of the replica about to reach the API.
+    incarnations: Vec<u64>,
+    lease_writer: Vec<Option<u64>>,
+    /// When a write from outside the replicas last ended each replica's tenure, and the
+    /// incarnation that held it.
+    forced_end: Vec<Option<(Instant, u64)>>,
+    /// The acting leaders of the last overlap recorded by check (b), so that one overlap is
+    /// one violation however often it is looked at.
+    overlap: Vec<(usize, u64)>,
     /// When the holder last changed, and to whom (for the server's fence with a lagging view).
     holders: Vec<(Instant, Option<String>)>,
     slices: BTreeMap<(String, String), EndpointSlice>,
@@ -145,9 +186,6 @@ struct State {
     present: BTreeMap<(String, String), BTreeSet<String>>,
     last_slice_write: Instant,
     slice_writes: u64,
-    /// Lease writes by someone other than a replica (deletions, overwrites), and the last one.
-    forced: u64,
-    forced_at: Option<Instant>,
     /// The recent writes of each slice: when, and by whom.
     slice_history: BTreeMap<(String, String), Vec<(Instant, String)>>,
     /// When each replica's process last started.
@@ -158,12 +196,30 @@ struct State {
     /// 200), and whether it had when it last created the Lease.
     saw_lease: Vec<bool>,
     created_unseen: Vec<bool>,
-    /// Whether each replica has a watch stream open that a fault made silent.
-    stalled: Vec<bool>,
+    /// Since when each replica has had a watch stream open that a fault made silent, and since
+    /// when the last stream of a kind it caches (not the elector's Lease) has been one.
+    stalled: Vec<Option<Instant>>,
+    cache_stalled: Vec<Option<Instant>>,
     /// The tenure each replica last ended by releasing the Lease itself (a graceful stop).
     released: Vec<Option<u64>>,
     /// The slice write of each replica on its way into the API, if any.
     landing: Vec<Option<Sent>>,
+    /// (namespace, service, workload uid) published though unwanted → for how long a replica
+    /// could have written since, and whether that was reported.
+    unwanted: BTreeMap<(String, String, String), (Duration, bool)>,
+}
+
+/// One tenure of the Lease: a holder incarnation with one `leaseTransitions` count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Tenant {
+    /// Its number (1, 2, ...).
+    id: u64,
+    /// The holder identity the record names.
+    holder: String,
+    /// The replica and incarnation holding it (`None` for a name no replica has, or a record
+    /// a write from outside the replicas made).
+    replica: Option<(usize, u64)>,
+    transitions: i32,
 }
 
 /// Why a write landing now is from an ended tenure, and the limitation it falls under, if any.
@@ -184,9 +240,12 @@ impl Checks {
                 violations: Vec::new(),
                 leaderships: vec![None; identities.len()],
                 identities,
-                holder: None,
-                last_holder: None,
-                tenure: 0,
+                tenant: None,
+                tenures: 0,
+                incarnations: vec![0; count],
+                lease_writer: vec![None; count],
+                forced_end: vec![None; count],
+                overlap: Vec::new(),
                 holders: vec![(now, None)],
                 slices: BTreeMap::new(),
                 services: BTreeMap::new(),
@@ -195,28 +254,41 @@ impl Checks {
                 present: BTreeMap::new(),
                 last_slice_write: now,
                 slice_writes: 0,
-                forced: 0,
-                forced_at: None,
                 slice_history: BTreeMap::new(),
                 started_at: vec![now; count],
                 created_lease_at: vec![None; count],
                 saw_lease: vec![false; count],
                 created_unseen: vec![false; count],
-                stalled: vec![false; count],
+                stalled: vec![None; count],
+                cache_stalled: vec![None; count],
                 released: vec![None; count],
                 landing: vec![None; count],
+                unwanted: BTreeMap::new(),
             }),
             judge,
             started: now,
         }
     }
 
-    /// Replica `replica` (re)started with this leadership.
-    pub fn attach(&self, replica: usize, leadership: Leadership) {
+    /// Replica `replica`'s process starts: its new incarnation, which the requests of its new
+    /// link carry.
+    pub fn start(&self, replica: usize) -> u64 {
         let mut state = self.state.lock();
-        state.leaderships[replica] = Some(leadership);
+        state.incarnations[replica] += 1;
         state.started_at[replica] = Instant::now();
         state.saw_lease[replica] = false;
+        state.incarnations[replica]
+    }
+
+    /// Replica `replica`'s process publishes this leadership.
+    pub fn attach(&self, replica: usize, leadership: Leadership) {
+        self.state.lock().leaderships[replica] = Some(leadership);
+    }
+
+    /// A Lease write of replica `replica`'s incarnation `incarnation` is about to reach the API
+    /// (the API's record of it, [`Checks::applied`], follows at once if it is applied).
+    pub fn lease_landing(&self, replica: usize, incarnation: u64) {
+        self.state.lock().lease_writer[replica] = Some(incarnation);
     }
 
     /// Replica `replica` read a Lease record (a GET of the Lease answered 200).
@@ -224,9 +296,18 @@ impl Checks {
         self.state.lock().saw_lease[replica] = true;
     }
 
-    /// Whether replica `replica` has a watch stream open that a fault made silent.
-    pub fn set_stalled(&self, replica: usize, stalled: bool) {
-        self.state.lock().stalled[replica] = stalled;
+    /// Whether replica `replica` has a watch stream open that a fault made silent, and whether
+    /// the last stream of a kind it caches is one.
+    pub fn set_stalled(&self, replica: usize, stalled: bool, cache_stalled: bool) {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let since = |since: Option<Instant>, stalled: bool| match (stalled, since) {
+            (true, None) => Some(now),
+            (false, _) => None,
+            (true, since) => since,
+        };
+        state.stalled[replica] = since(state.stalled[replica], stalled);
+        state.cache_stalled[replica] = since(state.cache_stalled[replica], cache_stalled);
     }
 
     /// Replica `replica` is gone (crashed or stopped).
@@ -234,26 +315,39 @@ impl Checks {
         self.state.lock().leaderships[replica] = None;
     }
 
-    /// A slice write is being sent by a replica in `term`; `guarded` names the slice of an
-    /// update or delete.
+    /// A slice write is being sent by replica `replica`'s incarnation `incarnation`; `guarded`
+    /// names the slice of an update or delete. Check (b) looks at this instant too.
     pub fn sending(
         &self,
         replica: usize,
-        term: Option<u64>,
+        incarnation: u64,
         guarded: Option<(String, String)>,
     ) -> Sent {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
+        self.leaders(&mut state);
+        let now = Instant::now();
+        let own = state
+            .tenant
+            .as_ref()
+            .filter(|tenant| tenant.replica == Some((replica, incarnation)))
+            .map(|tenant| tenant.id);
         Sent {
-            term,
-            tenure: state.tenure,
-            forced: state.forced,
-            forced_recently: state
-                .forced_at
-                .is_some_and(|at| Instant::now() - at < self.judge.renew_deadline),
-            at: Instant::now(),
+            incarnation,
+            own,
+            holder_at_send: state.tenant.as_ref().map(|tenant| tenant.holder.clone()),
+            forced_recently: state.forced_end[replica].is_some_and(|(ended, holder)| {
+                holder == incarnation && now - ended < self.judge.renew_deadline
+            }),
+            at: now,
             guarded,
-            stalled: state.stalled[replica],
+            stalled: self.stalled_within_bound(&state, replica),
         }
+    }
+
+    /// Whether replica `replica` has a silently stalled stream open, stalled no longer than the
+    /// stall bound: its cache may be up to that old, and no older.
+    fn stalled_within_bound(&self, state: &State, replica: usize) -> bool {
+        state.stalled[replica].is_some_and(|since| Instant::now() - since <= self.judge.stall_bound)
     }
 
     /// A slice write of replica `replica` sent as `sent` is about to reach the API: the write
@@ -273,8 +367,11 @@ impl Checks {
         if let Some(late) = state.late(replica, &sent) {
             let identity = &state.identities[replica];
             let detail = format!(
-                "slice write of {identity} (term {:?}) landed: {}",
-                sent.term, late.problem
+                "slice write of {identity} (incarnation {}, tenure {:?}, sent at {:.3}s) landed: {}",
+                sent.incarnation,
+                sent.own,
+                (sent.at - self.started).as_secs_f64(),
+                late.problem
             );
             self.record(&mut state, Check::EndedTermWrote, detail, late.known);
         }
@@ -283,6 +380,10 @@ impl Checks {
     /// Check (b) now: at most one replica holds a term whose fence passes.
     pub fn check_leaders(&self) {
         let mut state = self.state.lock();
+        self.leaders(&mut state);
+    }
+
+    fn leaders(&self, state: &mut State) {
         let now = Instant::now();
         let acting: Vec<(usize, leadership::Term)> = state
             .leaderships
@@ -295,7 +396,20 @@ impl Checks {
                 acts.then_some((replica, term))
             })
             .collect();
-        if acting.len() > 1 {
+        let overlap: Vec<(usize, u64)> = acting
+            .iter()
+            .map(|(replica, term)| (*replica, term.id()))
+            .collect();
+        if acting.len() < 2 || overlap == state.overlap {
+            state.overlap = if acting.len() < 2 {
+                Vec::new()
+            } else {
+                overlap
+            };
+            return;
+        }
+        state.overlap = overlap;
+        {
             // The documented gap: one of them began its term by creating a missing Lease soon
             // after its process started, or before it had read any record since it started
             // (its requests failing until then): a missing Lease looks the same as one never
@@ -317,7 +431,7 @@ impl Checks {
             // stalled: a record created and deleted again between two of its polls never
             // reached it.
             let blind = acting.iter().any(|(replica, term)| {
-                state.stalled[*replica]
+                self.stalled_within_bound(state, *replica)
                     && state.created_lease_at[*replica]
                         .is_some_and(|created| term.acquired_at() <= created)
             });
@@ -327,7 +441,85 @@ impl Checks {
             } else {
                 blind.then_some(Known::StalledWatchWithinBound)
             };
-            self.record(&mut state, Check::TwoLeaders, detail, known);
+            self.record(state, Check::TwoLeaders, detail, known);
+        }
+    }
+
+    /// The replica acting as leader now (its term's fence passes), if one does.
+    pub fn acting_leader(&self) -> Option<usize> {
+        let state = self.state.lock();
+        let now = Instant::now();
+        state.leaderships.iter().position(|leadership| {
+            let Some(term) = leadership.as_ref().and_then(|l| l.borrow().clone()) else {
+                return false;
+            };
+            let safe = term.last_renewed_at() + self.judge.renew_deadline;
+            !self.judge.fence || safe.checked_sub(self.judge.margin).is_some_and(|s| s > now)
+        })
+    }
+
+    /// Check (c), the published side: every endpoint in a Service's slices (of the Service as
+    /// it exists: others are the garbage collector's) is selected by it and its workload
+    /// exists, or has been for no longer than `bound` of the time a replica could write.
+    /// `elapsed` is the time since the last look, `may_write` whether a replica could write in
+    /// it.
+    pub fn check_published(&self, elapsed: Duration, may_write: bool, bound: Duration) {
+        let mut state = self.state.lock();
+        let mut unwanted = BTreeSet::new();
+        for ((namespace, _), slice) in &state.slices {
+            let Some(service) = service_of(slice) else {
+                continue;
+            };
+            if !state.owner_exists(namespace, slice) {
+                continue;
+            }
+            for uid in uids(slice) {
+                if !state.wanted(namespace, &service, &uid) {
+                    unwanted.insert((namespace.clone(), service.clone(), uid));
+                }
+            }
+        }
+        state.unwanted.retain(|key, _| unwanted.contains(key));
+        let mut overdue = Vec::new();
+        for key in unwanted {
+            let (waited, reported) = state.unwanted.entry(key.clone()).or_default();
+            if may_write {
+                *waited += elapsed;
+            }
+            if *waited > bound && !*reported {
+                *reported = true;
+                overdue.push(key);
+            }
+        }
+        for (namespace, service, uid) in overdue {
+            let now = match state.workloads.get(&uid) {
+                Some((_, labels)) => format!("labels {labels:?}"),
+                None => "deleted".to_string(),
+            };
+            let detail = format!(
+                "workload {uid} ({now}) still in the slices of {namespace}/{service} after {}s in which a replica could write",
+                bound.as_secs()
+            );
+            self.violate(&mut state, Check::UnwantedStayed, detail);
+        }
+    }
+
+    /// Check (f): replica `replica`'s `/ready` answered `ready`; it may not be ready while a
+    /// stream of its has been silenced for longer than the stall bound plus `notice`.
+    pub fn check_ready(&self, replica: usize, ready: bool, notice: Duration) {
+        let mut state = self.state.lock();
+        let Some(since) = state.cache_stalled[replica] else {
+            return;
+        };
+        let silent = Instant::now() - since;
+        if ready && silent > self.judge.stall_bound + notice {
+            let detail = format!(
+                "{} ready with a watch silenced {:.1}s ago (stall bound {}s)",
+                state.identities[replica],
+                silent.as_secs_f64(),
+                self.judge.stall_bound.as_secs()
+            );
+            self.violate(&mut state, Check::ReadyWhileStalled, detail);
         }
     }
 
@@ -358,47 +550,8 @@ impl Checks {
         let mut state = self.state.lock();
         match applied.plural.as_str() {
             "leases" => {
-                if !state.identities.contains(&applied.caller) {
-                    state.forced += 1;
-                    state.forced_at = Some(Instant::now());
-                }
-                if applied.verb == apisim::Verb::Create
-                    && let Some(replica) = state
-                        .identities
-                        .iter()
-                        .position(|name| *name == applied.caller)
-                {
-                    state.created_lease_at[replica] = Some(Instant::now());
-                    state.created_unseen[replica] = !state.saw_lease[replica];
-                }
-                let holder = applied
-                    .new
-                    .as_ref()
-                    .and_then(|value| serde_json::from_value::<Lease>(value.clone()).ok())
-                    .and_then(|lease| lease.spec?.holder_identity)
-                    .filter(|holder| !holder.is_empty());
-                if holder.is_some() && holder != state.last_holder {
-                    state.tenure += 1;
-                    state.last_holder = holder.clone();
-                }
-                if holder != state.holder {
-                    state.holders.push((Instant::now(), holder.clone()));
-                }
-                // A holder that clears its own name has released the Lease: its drain has
-                // finished (or given up) every write of that tenure.
-                if holder.is_none()
-                    && state.holder.as_ref() == Some(&applied.caller)
-                    && let Some(replica) = state
-                        .identities
-                        .iter()
-                        .position(|name| *name == applied.caller)
-                {
-                    state.released[replica] = Some(state.tenure);
-                    // The tenure ends here: the next acquisition starts a new one, even by the
-                    // same replica.
-                    state.last_holder = None;
-                }
-                state.holder = holder;
+                self.lease_applied(&mut state, applied);
+                self.leaders(&mut state);
             }
             "services" => {
                 let key = key_of(applied);
@@ -443,6 +596,80 @@ impl Checks {
             for entry in wanted {
                 state.removed.remove(&entry);
             }
+        }
+    }
+
+    /// A Lease write was applied: the tenure as the API server now records it (check (a)).
+    fn lease_applied(&self, state: &mut State, applied: &apisim::Applied) {
+        let now = Instant::now();
+        let writer = state
+            .identities
+            .iter()
+            .position(|name| *name == applied.caller);
+        let incarnation = writer.and_then(|replica| state.lease_writer[replica].take());
+        if applied.verb == apisim::Verb::Create
+            && let Some(replica) = writer
+        {
+            state.created_lease_at[replica] = Some(now);
+            state.created_unseen[replica] = !state.saw_lease[replica];
+        }
+        let spec = applied
+            .new
+            .as_ref()
+            .and_then(|value| serde_json::from_value::<Lease>(value.clone()).ok())
+            .and_then(|lease| lease.spec);
+        let holder = spec
+            .as_ref()
+            .and_then(|spec| spec.holder_identity.clone())
+            .filter(|holder| !holder.is_empty());
+        let transitions = spec
+            .as_ref()
+            .and_then(|spec| spec.lease_transitions)
+            .unwrap_or(0);
+        let holder_replica = holder
+            .as_ref()
+            .and_then(|holder| state.identities.iter().position(|name| name == holder));
+        // The incarnation a record names is the one that wrote it naming itself; a write by
+        // anyone else naming the same holder keeps the tenure's incarnation.
+        let replica = match (writer, holder_replica) {
+            (Some(writer), Some(holder)) if writer == holder => incarnation.map(|i| (writer, i)),
+            _ => state
+                .tenant
+                .as_ref()
+                .filter(|tenant| Some(&tenant.holder) == holder.as_ref())
+                .and_then(|tenant| tenant.replica),
+        };
+        let same = state.tenant.as_ref().is_some_and(|tenant| {
+            Some(&tenant.holder) == holder.as_ref()
+                && tenant.replica == replica
+                && tenant.transitions == transitions
+        });
+        if !same {
+            if let Some(ended) = state.tenant.take()
+                && let Some((ended_replica, ended_incarnation)) = ended.replica
+            {
+                if writer.is_none() {
+                    state.forced_end[ended_replica] = Some((now, ended_incarnation));
+                }
+                // A holder that clears its own name has released the Lease: its drain has
+                // finished (or given up) every write of that tenure.
+                if holder.is_none() && writer == Some(ended_replica) {
+                    state.released[ended_replica] = Some(ended.id);
+                }
+            }
+            if let Some(holder) = holder.clone() {
+                state.tenures += 1;
+                state.tenant = Some(Tenant {
+                    id: state.tenures,
+                    holder,
+                    replica,
+                    transitions,
+                });
+            }
+        }
+        let last = state.holders.last().and_then(|(_, holder)| holder.clone());
+        if holder != last {
+            state.holders.push((now, holder));
         }
     }
 
@@ -627,7 +854,7 @@ impl Checks {
             });
             // Stalled when it lands, or when it was sent (a write held on the way).
             let stalled = replica.is_some_and(|replica| {
-                state.stalled[replica]
+                self.stalled_within_bound(state, replica)
                     || state.landing[replica]
                         .as_ref()
                         .is_some_and(|sent| sent.stalled)
@@ -650,24 +877,41 @@ impl State {
     /// fence can refuse those. A write of a tenure its writer ended by releasing the Lease is no
     /// limitation: the drain before the release must have finished it.
     fn late(&self, replica: usize, sent: &Sent) -> Option<Late> {
-        let identity = &self.identities[replica];
-        let problem = if self
-            .holder
-            .as_ref()
-            .is_some_and(|holder| holder != identity)
-        {
-            format!("the Lease names {:?} when the write lands", self.holder)
-        } else if self.tenure != sent.tenure {
-            "the Lease changed hands between sending and landing".to_string()
-        } else {
+        let tenant = self.tenant.as_ref();
+        let holds = tenant.is_some_and(|tenant| {
+            tenant.replica == Some((replica, sent.incarnation)) && Some(tenant.id) == sent.own
+        });
+        if holds {
             return None;
+        }
+        let identity = &self.identities[replica];
+        let mut problem = match tenant {
+            None => "no one holds the Lease when the write lands".to_string(),
+            Some(tenant) if tenant.holder != *identity => {
+                format!("the Lease names {:?} when the write lands", tenant.holder)
+            }
+            Some(tenant) if tenant.replica.is_some_and(|(_, i)| i != sent.incarnation) => {
+                "a later incarnation of its writer holds the Lease".to_string()
+            }
+            Some(_) => "the Lease changed hands between sending and landing".to_string(),
         };
-        let valid = sent.term.is_some();
-        let released = self.released[replica] == Some(sent.tenure);
-        let forced = sent.forced != self.forced || sent.forced_recently;
-        let known = if valid && forced {
+        if sent.own.is_none() {
+            problem.push_str(&format!(
+                ", and it was sent outside any tenure of its writer (the Lease named {:?})",
+                sent.holder_at_send
+            ));
+        }
+        let released = sent.own.is_some() && self.released[replica] == sent.own;
+        // Ended by a write from outside the replicas after it was sent in its tenure, or sent
+        // within RenewDeadline after such a write ended its tenure.
+        let forced = match sent.own {
+            Some(_) => self.forced_end[replica]
+                .is_some_and(|(ended, holder)| holder == sent.incarnation && ended >= sent.at),
+            None => sent.forced_recently,
+        };
+        let known = if forced {
             Some(Known::ForcedLeaseChange)
-        } else if valid
+        } else if sent.own.is_some()
             && !released
             && Instant::now() > sent.at
             && !self.rewritten_since(sent, identity)
@@ -676,11 +920,9 @@ impl State {
         } else {
             None
         };
-        let problem = if released {
-            format!("{problem}, after its writer released the Lease")
-        } else {
-            problem
-        };
+        if released {
+            problem.push_str(", after its writer released the Lease");
+        }
         Some(Late { problem, known })
     }
 

@@ -32,6 +32,7 @@
 
 pub mod checks;
 pub mod link;
+pub mod reference;
 pub mod replica;
 pub mod rng;
 pub mod schedule;

@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Every slice write the API applies for this replica is reported to the [`Checks`] with the
-//! term the replica was in when it sent it, so a write from an ended term is caught at the
-//! instant it lands.
+//! process incarnation that sent it (each start of the replica's process gets a
+//! [`LinkService`] of its own), so a write from an ended tenure is caught at the instant it
+//! lands; Lease writes carry their incarnation to the checks' record of the Lease the same way.
 
 use std::{
     sync::Arc,
@@ -20,12 +21,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use leadership::Leadership;
 use parking_lot::Mutex;
-use tokio::{
-    sync::{mpsc, watch},
-    time::Instant,
-};
+use tokio::sync::{mpsc, watch};
 use tower::{Service, ServiceExt};
 
 pub use self::body::FaultBody;
@@ -93,14 +90,11 @@ struct LinkState {
     armed: Option<Armed>,
     /// Writes handed to the link that the API has neither applied nor refused yet.
     writes_in_flight: usize,
-    leadership: Option<Leadership>,
-    /// The term the link last saw current, and the last term it saw end with the instant it
-    /// ended ([`Link::observe`]).
-    current_term: Option<u64>,
-    ended_term: Option<(u64, Instant)>,
     rng: Option<Rng>,
-    /// Watch streams still open (not dropped by the replica).
-    open: std::collections::BTreeSet<u64>,
+    /// Watch streams still open (not dropped by the replica), with their resource, and the
+    /// last stream opened of each resource.
+    open: std::collections::BTreeMap<u64, String>,
+    latest: std::collections::BTreeMap<String, u64>,
     checks: Option<Arc<Checks>>,
 }
 
@@ -110,6 +104,7 @@ enum Kind {
     Watch,
     SliceWrite,
     LeaseRead,
+    LeaseWrite,
     Other,
 }
 
@@ -134,15 +129,9 @@ impl Link {
         })
     }
 
-    /// The replica's leadership, to attribute its writes to a term, and the checks to tell
-    /// whether a stalled stream is open (set at each start).
-    pub fn attach(&self, leadership: Leadership, checks: Arc<Checks>) {
-        self.update(|state| {
-            state.current_term = leadership.borrow().as_ref().map(leadership::Term::id);
-            state.ended_term = None;
-            state.leadership = Some(leadership);
-            state.checks = Some(checks);
-        });
+    /// The checks, to tell whether a stalled stream is open (set at each start).
+    pub fn attach(&self, checks: Arc<Checks>) {
+        self.update(|state| state.checks = Some(checks));
     }
 
     /// Requests fail and open streams break, until [`Link::heal`].
@@ -285,6 +274,12 @@ impl Link {
         self.state.lock().writes_in_flight
     }
 
+    /// Whether the replica's requests reach the API server now (no cut, no pause).
+    pub fn reachable(&self) -> bool {
+        let state = self.state.lock();
+        !state.cut && !state.paused
+    }
+
     /// Whether any fault is in force: one set on the link, a watch stream still stalled (the
     /// replica has not yet replaced it: within the stall bound, its cache cannot see what others
     /// write), a lagging kind, or answers to be lost.
@@ -298,7 +293,7 @@ impl Link {
             || state.lagging.is_some()
             || state.held.is_some()
             || state.lose_answers > 0
-            || state.open.iter().any(|id| *id < state.stalled_below)
+            || state.open.keys().any(|id| *id < state.stalled_below)
     }
 
     fn update(&self, change: impl FnOnce(&mut LinkState)) {
@@ -308,27 +303,6 @@ impl Link {
             state.report_stalls(self.replica);
         }
         self.changed.send_modify(|generation| *generation += 1);
-    }
-
-    /// Takes note of a change of the replica's leadership. The replica's watcher calls it on
-    /// every change, in the instant of the change (paused time stands still while a task can
-    /// run), so a change first seen here by `Link::term` happened in the current instant.
-    pub fn observe(&self) {
-        self.state.lock().observe();
-    }
-
-    /// The replica's term for a write handed to the link now: the current one, or the one that
-    /// ended in this very instant. The writer's fence passed in the term; the runtime ended it
-    /// while the request went through the client's layers, as a request on the wire outlives
-    /// a term that ends after it was sent.
-    fn term(&self) -> Option<u64> {
-        let mut state = self.state.lock();
-        state.observe();
-        let now = Instant::now();
-        state.current_term.or(state
-            .ended_term
-            .filter(|(_, ended)| *ended == now)
-            .map(|(term, _)| term))
     }
 
     async fn answer_released(&self) {
@@ -365,11 +339,13 @@ impl Link {
         }
     }
 
-    fn open_stream(&self) -> u64 {
+    fn open_stream(&self, resource: &str) -> u64 {
         let mut state = self.state.lock();
         state.next_stream += 1;
         let id = state.next_stream - 1;
-        state.open.insert(id);
+        state.open.insert(id, resource.to_string());
+        state.latest.insert(resource.to_string(), id);
+        state.report_stalls(self.replica);
         id
     }
 
@@ -383,30 +359,18 @@ impl Link {
 // === impl LinkState ===
 
 impl LinkState {
-    fn observe(&mut self) {
-        let Some(leadership) = self.leadership.as_mut() else {
-            return;
-        };
-        if !leadership.has_changed().unwrap_or(false) {
-            return;
-        }
-        let now = leadership
-            .borrow_and_update()
-            .as_ref()
-            .map(leadership::Term::id);
-        if let Some(previous) = self.current_term
-            && now != Some(previous)
-        {
-            self.ended_term = Some((previous, Instant::now()));
-        }
-        self.current_term = now;
-    }
-
     /// Tells the checks whether a stream a fault silenced is still open.
     fn report_stalls(&self, replica: usize) {
-        let stalled = self.open.iter().any(|id| *id < self.stalled_below);
+        let silenced = |id: &u64| *id < self.stalled_below;
+        let stalled = self.open.keys().any(silenced);
+        // A cached kind is blind while the last stream its loop opened is silenced and still
+        // open (once the loop opened another, it has noticed, even if it still holds the
+        // silenced one); the elector's Lease watch is no cache.
+        let blind_kind = self.latest.iter().any(|(resource, id)| {
+            resource != "leases" && silenced(id) && self.open.contains_key(id)
+        });
         if let Some(checks) = &self.checks {
-            checks.set_stalled(replica, stalled);
+            checks.set_stalled(replica, stalled, blind_kind);
         }
     }
 }
@@ -417,17 +381,21 @@ pub struct LinkService<S> {
     inner: S,
     link: Arc<Link>,
     checks: Arc<Checks>,
+    /// The incarnation of the replica's process whose client this is.
+    incarnation: u64,
 }
 
 // === impl LinkService ===
 
 impl<S> LinkService<S> {
-    /// `inner` (the API), reached through `link`, reporting writes to `checks`.
-    pub fn new(inner: S, link: Arc<Link>, checks: Arc<Checks>) -> Self {
+    /// `inner` (the API), reached through `link` by the process incarnation `incarnation`,
+    /// reporting writes to `checks`.
+    pub fn new(inner: S, link: Arc<Link>, checks: Arc<Checks>, incarnation: u64) -> Self {
         Self {
             inner,
             link,
             checks,
+            incarnation,
         }
     }
 }
@@ -452,12 +420,13 @@ where
         let inner = self.inner.clone();
         let link = self.link.clone();
         let checks = self.checks.clone();
+        let incarnation = self.incarnation;
         // Attributed when handed to the link, right after the writer's fence check: a pause
         // holds it afterwards, as a request on the wire.
         let kind = Kind::of(&request);
         let resource = (kind == Kind::Watch).then(|| resource_of(&request));
         let sent = (kind == Kind::SliceWrite)
-            .then(|| checks.sending(link.replica, link.term(), guarded_slice(&request)));
+            .then(|| checks.sending(link.replica, incarnation, guarded_slice(&request)));
         let write = request.method() != Method::GET;
         let exchange = async move {
             let on_the_wire = write.then(|| InFlight::new(&link));
@@ -488,6 +457,9 @@ where
             }
             if let Some(sent) = &sent {
                 checks.landing(link.replica, sent);
+            }
+            if kind == Kind::LeaseWrite {
+                checks.lease_landing(link.replica, incarnation);
             }
             let response = inner.oneshot(request).await.map_err(Into::<BoxError>::into);
             drop(on_the_wire);
@@ -531,7 +503,7 @@ where
             if !slow.is_zero() {
                 tokio::time::sleep(slow).await;
             }
-            let stream = resource.map(|resource| (link.open_stream(), resource));
+            let stream = resource.map(|resource| (link.open_stream(&resource), resource));
             Ok(response.map(|body| FaultBody::new(body, link, stream)))
         };
         if !write {
@@ -585,6 +557,8 @@ impl Kind {
         );
         if write && uri.path().contains("/endpointslices") {
             Kind::SliceWrite
+        } else if write && uri.path().contains("/leases") {
+            Kind::LeaseWrite
         } else if *request.method() == Method::GET && uri.path().contains("/leases/") {
             Kind::LeaseRead
         } else {

@@ -4,7 +4,9 @@
 use std::{sync::Arc, time::Duration};
 
 use cluster::{Controller, ControllerConfig};
-use leadership::{Leadership, LeaseConfig, LeaseTimings, RuntimeConfig};
+use external_endpoints::admin::{self, Admin, Health};
+use http_body_util::BodyExt;
+use leadership::{LeaderHealth, Leadership};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +21,8 @@ use crate::{
 pub const LEASE_NAME: &str = "external-endpoints-write";
 /// Its namespace.
 pub const LEASE_NAMESPACE: &str = "default";
+/// The bound on a silent watch in the simulation (`--stall-bound`).
+pub const STALL_BOUND: Duration = Duration::from_secs(30);
 
 /// A replica: its identity and link, and its process while it runs.
 pub struct Replica {
@@ -31,15 +35,18 @@ pub struct Replica {
     process: Option<Process>,
 }
 
-/// A running controller: its task, its shutdown signal (SIGTERM), and the task that checks
-/// leadership whenever its leadership changes.
+/// A running controller: its task, its shutdown signal (SIGTERM), the task that checks
+/// leadership whenever its leadership changes, and its admin endpoints.
 struct Process {
     run: JoinHandle<Result<(), cluster::Error>>,
     shutdown: CancellationToken,
     watcher: JoinHandle<()>,
     leadership: Leadership,
-    /// The controller's metrics, as the binary serves them on `/metrics`.
-    registry: Registry,
+    /// The binary's admin endpoints (`/live`, `/ready`, `/metrics`), asked in-process, and
+    /// the health they report (not ready once shutdown starts, as the binary's signal handler
+    /// sets it).
+    admin: Admin,
+    health: Arc<Health>,
 }
 
 // === impl Replica ===
@@ -62,16 +69,23 @@ impl Replica {
         config: ControllerConfig,
         checks: &Arc<Checks>,
     ) {
+        let incarnation = checks.start(self.index);
         let service = LinkService::new(
             server.service(&self.identity),
             self.link.clone(),
             checks.clone(),
+            incarnation,
         );
         let client = kube::Client::new(service, "default");
         let mut registry = Registry::default();
         let controller = Controller::new(client, config, &mut registry);
         let leadership = controller.leadership();
-        self.link.attach(leadership.clone(), checks.clone());
+        // As the binary's `run` builds them (the registry without the binary's prefix and
+        // process collector: the scenarios read the controller's own series by name).
+        let leader = LeaderHealth::new(leadership.clone(), admin::LEADER_HEALTH_TOLERANCE);
+        let health = Arc::new(Health::new(controller.health()).with_leader(leader));
+        let admin = Admin::new(health.clone(), registry);
+        self.link.attach(checks.clone());
         checks.attach(self.index, leadership.clone());
         let shutdown = CancellationToken::new();
         let span = tracing::info_span!("replica", name = %self.identity);
@@ -80,11 +94,9 @@ impl Replica {
             span,
         ));
         let watched = checks.clone();
-        let link = self.link.clone();
         let mut changes = leadership.clone();
         let watcher = tokio::spawn(async move {
             while changes.changed().await.is_ok() {
-                link.observe();
                 watched.check_leaders();
             }
         });
@@ -93,7 +105,8 @@ impl Replica {
             shutdown,
             watcher,
             leadership,
-            registry,
+            admin,
+            health,
         });
     }
 
@@ -102,14 +115,31 @@ impl Replica {
         Some(self.process.as_ref()?.leadership.clone())
     }
 
-    /// The running process's metrics in the text format of `/metrics` (empty when none runs).
+    /// The running process's answer to `GET path` on its admin server: status and body
+    /// (`None` when no process runs).
+    pub fn admin(&self, path: &str) -> Option<(u16, String)> {
+        let process = self.process.as_ref()?;
+        let request = http::Request::get(path).body(()).ok()?;
+        let response = process.admin.respond(&request);
+        let status = response.status().as_u16();
+        // A whole body in one frame: ready at once.
+        let body = futures::FutureExt::now_or_never(response.into_body().collect())?.ok()?;
+        Some((
+            status,
+            String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+        ))
+    }
+
+    /// The running process's metrics as `/metrics` serves them (empty when none runs).
     pub fn metrics(&self) -> String {
-        let mut text = String::new();
-        if let Some(process) = &self.process {
-            // Writing into a String cannot fail.
-            let _ = prometheus_client::encoding::text::encode(&mut text, &process.registry);
-        }
-        text
+        self.admin("/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// Whether the running process's `/ready` answers 200 (`None` when none runs).
+    pub fn ready(&self) -> Option<bool> {
+        self.admin("/ready").map(|(status, _)| status == 200)
     }
 
     /// Kills the process at once (SIGKILL): nothing of it runs any more; requests it already
@@ -125,6 +155,7 @@ impl Replica {
     /// Asks the process to stop (SIGTERM): it drains, releases the Lease and ends on its own.
     pub fn stop(&mut self) {
         if let Some(process) = &self.process {
+            process.health.set_shutting_down();
             process.shutdown.cancel();
         }
     }
@@ -165,9 +196,34 @@ impl Replica {
     }
 }
 
+/// The command line of replica `identity` in the simulation: the binary's defaults but for the
+/// identity, the Lease and the stall bound.
+pub fn arguments(identity: &str) -> Vec<String> {
+    let stall = format!("{}s", STALL_BOUND.as_secs());
+    [
+        "external-endpoints",
+        "--identity",
+        identity,
+        "--lease-name",
+        LEASE_NAME,
+        "--lease-namespace",
+        LEASE_NAMESPACE,
+        "--watch-stall-timeout",
+        &stall,
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
 /// The controller's configuration in the simulation for replica `identity`, with the
-/// protection `off` switched off: the binary's defaults but for the stall bound (30 s).
+/// protection `off` switched off: built by the binary's own parser from [`arguments`] (reading
+/// no environment variable, so nothing of this process's environment leaks into a seed), then
+/// the test-only switch of `off`, which no flag has.
 pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
+    #[allow(clippy::expect_used)] // constants of the simulation, valid by construction
+    let settings = external_endpoints::cli::Args::settings_from_args(arguments(identity))
+        .expect("the simulation's command line is valid");
+    let mut config = external_endpoints::controller_config(&settings);
     let mut leadership = leadership::Safeguards::default();
     let mut controller = cluster::Safeguards::default();
     match off {
@@ -183,38 +239,12 @@ pub fn config(identity: &str, off: Option<Safeguard>) -> ControllerConfig {
         }
         Some(Safeguard::OwnWrites) => controller = controller.without_own_writes(),
         Some(Safeguard::Additions) => controller = controller.without_additions(),
-        Some(Safeguard::StallBound) | None => {}
+        // A bound past any run: the stalled watch is never replaced.
+        Some(Safeguard::StallBound) => config.stall_bound = Duration::from_secs(3_600),
+        None => {}
     }
-    let stall_bound = if off == Some(Safeguard::StallBound) {
-        Duration::from_secs(3_600)
-    } else {
-        Duration::from_secs(30)
-    };
-    #[allow(clippy::expect_used)] // constants of the simulation, valid by construction
-    let lease = LeaseConfig::new(
-        LEASE_NAME,
-        LEASE_NAMESPACE,
-        identity,
-        LeaseTimings::default(),
-    )
-    .expect("valid lease config")
-    .with_safeguards(leadership);
-    #[allow(clippy::expect_used)]
-    // The binary's defaults (issue 34): up to 32 Services at once, their calls in flight under
-    // the write path's adaptive limit, so the seeds run with writes pipelined as deployed.
-    let runtime = RuntimeConfig::builder()
-        .workers(32)
-        .build()
-        .expect("valid runtime config")
-        .with_safeguards(leadership);
-    ControllerConfig {
-        slices: slices::Config::default(),
-        lease,
-        coordinated: None,
-        runtime,
-        namespace: None,
-        stall_bound,
-        write_qps: 2000,
-        safeguards: controller,
-    }
+    config.lease = config.lease.with_safeguards(leadership);
+    config.runtime = config.runtime.with_safeguards(leadership);
+    config.safeguards = controller;
+    config
 }

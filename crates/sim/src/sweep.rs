@@ -23,6 +23,9 @@ pub struct Sweep {
     pub worst_convergence: Option<(Duration, u64)>,
     /// Findings of documented limitations: how many seeds showed each, and the first seed.
     pub known: std::collections::BTreeMap<Known, (u64, u64)>,
+    /// Excused events: how many violations each documented limitation excused, over every
+    /// seed (runs are deterministic, so a fixed sample gives fixed counts).
+    pub excused: std::collections::BTreeMap<Known, u64>,
 }
 
 /// Runs `seeds` with `setup` on `threads` threads, each seed alone on its own runtime. With
@@ -60,6 +63,10 @@ pub fn sweep(
                         result.worst_convergence = Some((converged, seed));
                     }
                     let mut kinds: Vec<Known> = report.known().filter_map(|v| v.known).collect();
+                    for kind in &kinds {
+                        *result.excused.entry(*kind).or_default() += 1;
+                    }
+                    kinds.sort();
                     kinds.dedup();
                     for kind in kinds {
                         let entry = result.known.entry(kind).or_insert((0, seed));

@@ -15,8 +15,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::{
     api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice},
-    apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
-    jiff::Timestamp,
+    apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::{
     Api,
@@ -34,6 +33,7 @@ use crate::{
     Report, Safeguard, Setup,
     checks::{Check, Checks, Judge},
     link::{AtWrite, Link},
+    reference,
     replica::{self, LEASE_NAME, LEASE_NAMESPACE, Replica},
     rng::Rng,
     schedule::{
@@ -44,12 +44,19 @@ use crate::{
 
 /// How far behind the Lease the API server's own fence reads (its informer's lag).
 const SERVER_FENCE_LAG: Duration = Duration::from_millis(50);
-/// How long after the faults stop every Service's slices must equal the plan.
+/// How long after the faults stop every Service's slices must keep every rule of the reference.
 pub const CONVERGENCE_BOUND: Duration = Duration::from_secs(60);
 /// How often convergence is looked at.
 const CONVERGENCE_POLL: Duration = Duration::from_millis(250);
-/// How often the quiet-time duplicate check looks.
+/// How long past the stall bound a replica may take to notice a silent watch and stop
+/// reporting ready (its watch loop looks every few seconds).
+const READY_NOTICE: Duration = Duration::from_secs(5);
+/// How often the quiet-time duplicate check, the published side of (c) and `/ready` look.
 const QUIET_POLL: Duration = Duration::from_secs(1);
+/// How long an endpoint may stay published after its Service stopped selecting it (or its
+/// workload went), counting only time when a replica could write: the stall bound (a leader
+/// blind that long), plus the longest lag of one kind (25 s), plus retries.
+pub const UNWANTED_BOUND: Duration = Duration::from_secs(60);
 
 /// A simulation being run (see the module docs).
 pub struct World {
@@ -102,6 +109,7 @@ impl World {
         let runtime = RuntimeConfig::default();
         let judge = Judge {
             renew_deadline: LeaseTimings::default().renew_deadline(),
+            stall_bound: replica::STALL_BOUND,
             margin: runtime.fence_margin(),
             fence: off != Some(Safeguard::Fence),
         };
@@ -148,6 +156,7 @@ impl World {
         }
         let mut steps = schedule.steps.iter().peekable();
         let mut next_quiet_check = Instant::now() + QUIET_POLL;
+        let mut last_look = Instant::now();
         loop {
             let next_step = steps.peek().map(|timed| self.started + timed.at);
             let next_later = self.later.iter().map(|(at, _)| *at).min();
@@ -178,6 +187,18 @@ impl World {
             if now >= next_quiet_check {
                 self.collect_garbage().await;
                 self.quiet_check();
+                let may_write = self
+                    .checks
+                    .acting_leader()
+                    .is_some_and(|leader| self.replicas[leader].link.reachable());
+                self.checks
+                    .check_published(now - last_look, may_write, UNWANTED_BOUND);
+                for replica in &self.replicas {
+                    if let Some(ready) = replica.ready() {
+                        self.checks.check_ready(replica.index, ready, READY_NOTICE);
+                    }
+                }
+                last_look = now;
                 next_quiet_check = now + QUIET_POLL;
             }
         }
@@ -529,11 +550,11 @@ impl World {
         Instant::now()
     }
 
-    /// (e): waits until every Service's slices equal the plan; `None` (a violation) if that
+    /// (e): waits until every Service's slices keep the reference's rules; `None` (a violation) if that
     /// takes longer than [`CONVERGENCE_BOUND`].
     async fn converge(&self, healed_at: Instant) -> Option<Duration> {
         loop {
-            // Converged: the slices equal the plan, and no write is still on its way to the API
+            // Converged: the slices keep the rules, and no write is still on its way to the API
             // (one held by a fault until the heal may land now, and is not a write at rest).
             let pending = self.unconverged();
             let on_the_wire = self
@@ -558,7 +579,7 @@ impl World {
         }
     }
 
-    /// (e), then: two lease durations with no write, slices still equal to the plan, and no
+    /// (e), then: two lease durations with no write, slices still keeping the rules, and no
     /// duplicate (d).
     async fn rest(&self) {
         let (_, before) = self.checks.slice_writes();
@@ -580,34 +601,24 @@ impl World {
         self.checks.check_duplicates("at rest");
     }
 
-    /// The Services whose slices differ from the plan of the store's state.
+    /// The Services whose slices break a rule of the spec, judged by the independent
+    /// [`reference`] (not by the controller's planner), with the first broken rule of each.
     fn unconverged(&self) -> Vec<String> {
         let services = self.server.objects::<Service>();
         let workloads = self.server.objects::<ExternalWorkload>();
         let slices = self.server.objects::<EndpointSlice>();
-        let config = slices::Config::default();
-        let now = Time(Timestamp::UNIX_EPOCH);
+        let workloads: Vec<&ExternalWorkload> = workloads.iter().collect();
+        let slices: Vec<&EndpointSlice> = slices.iter().collect();
+        let rules = reference::Rules::default();
         let mut pending = Vec::new();
         for service in &services {
-            let namespace = service.metadata.namespace.as_deref();
-            let in_namespace = |ns: Option<&str>| ns == namespace;
-            let selected: Vec<&ExternalWorkload> = workloads
-                .iter()
-                .filter(|workload| in_namespace(workload.metadata.namespace.as_deref()))
-                .collect();
-            let existing: Vec<&EndpointSlice> = slices
-                .iter()
-                .filter(|slice| in_namespace(slice.metadata.namespace.as_deref()))
-                .collect();
-            let plan = slices::plan_slices(service, &selected, &existing, &config, &now);
-            if !plan.is_empty() {
+            let faults = reference::judge(service, &workloads, &slices, &rules);
+            if let Some(first) = faults.first() {
                 pending.push(format!(
-                    "{}/{}: {} creates, {} updates, {} deletes",
-                    namespace.unwrap_or_default(),
+                    "{}/{}: {} fault(s), first {first}",
+                    service.metadata.namespace.as_deref().unwrap_or_default(),
                     service.metadata.name.as_deref().unwrap_or_default(),
-                    plan.creates.len(),
-                    plan.updates.len(),
-                    plan.deletes.len()
+                    faults.len(),
                 ));
             }
         }

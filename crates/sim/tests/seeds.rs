@@ -5,6 +5,9 @@
 //!   too). Any failing seed prints its replay command, its trace file and its first violation.
 //! - `the_controller_alone_keeps_every_check`: `SIM_ALONE_SEEDS` seeds (default 500) without
 //!   the API server's fence: the controller's own protections suffice.
+//! - Both sweeps pin, over their default sample, the exact number of events each documented
+//!   limitation ([`Known`]) excuses: runs are deterministic, so a change of any count fails and
+//!   names the excuse. Move a pin only with the reason in the commit.
 //! - `the_same_seed_gives_the_same_run`: seeds run twice give the same request log hash and
 //!   the same findings.
 //! - `replay`: the seed in `SIM_SEED` (default 1), with `SIM_OFF` / `SIM_SERVER_FENCE` as a
@@ -14,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use sim::{
-    Options, Setup,
+    Known, Options, Setup,
     sweep::{sweep, threads, write_trace},
 };
 
@@ -42,7 +45,51 @@ fn open_findings(setup: &str) -> BTreeMap<u64, String> {
         .collect()
 }
 
-fn all_seeds_pass(name: &str, setup: Setup, seeds: std::ops::RangeInclusive<u64>) {
+/// Pinned counts of excused events, by excuse.
+type Pins = &'static [(Known, u64)];
+
+/// The events each excuse covers over the default sample of each sweep (2,000 seeds as
+/// deployed, 500 without the server's fence); an excuse not listed covers none.
+const EXCUSED_AS_DEPLOYED: Pins = &[
+    (Known::MissingLeaseAtStart, 28),
+    (Known::ForcedLeaseChange, 9),
+    (Known::InFlightAcrossChange, 4),
+];
+const EXCUSED_ALONE: Pins = &[
+    (Known::MissingLeaseAtStart, 3),
+    (Known::ForcedLeaseChange, 134),
+    (Known::InFlightAcrossChange, 43),
+];
+
+/// Fails, naming each excuse, when the excused events differ from the pins.
+fn excuses_stay_pinned(name: &str, excused: &BTreeMap<Known, u64>, pinned: &[(Known, u64)]) {
+    let pinned: BTreeMap<Known, u64> = pinned.iter().copied().collect();
+    let moved: Vec<String> = excused
+        .keys()
+        .chain(pinned.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|known| excused.get(known) != pinned.get(known))
+        .map(|known| {
+            format!(
+                "{known:?}: {} events, pinned {}",
+                excused.get(known).unwrap_or(&0),
+                pinned.get(known).unwrap_or(&0)
+            )
+        })
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "{name}: excuses cover other numbers of events than pinned (move a pin only with the reason in the commit): {moved:?}"
+    );
+}
+
+fn all_seeds_pass(
+    name: &str,
+    setup: Setup,
+    seeds: std::ops::RangeInclusive<u64>,
+    pinned: Option<Pins>,
+) {
     let options = Options::default();
     let count = seeds.end() - seeds.start() + 1;
     let listed: BTreeMap<u64, String> = open_findings(name)
@@ -63,7 +110,8 @@ fn all_seeds_pass(name: &str, setup: Setup, seeds: std::ops::RangeInclusive<u64>
         result.worst_convergence,
     );
     for (known, (seeds, first)) in &result.known {
-        println!("known limitation {known:?}: {seeds} seeds (first: {first})");
+        let events = result.excused.get(known).unwrap_or(&0);
+        println!("known limitation {known:?}: {events} events in {seeds} seeds (first: {first})");
     }
     let mut unexplained = Vec::new();
     let mut failed = BTreeMap::new();
@@ -99,22 +147,37 @@ fn all_seeds_pass(name: &str, setup: Setup, seeds: std::ops::RangeInclusive<u64>
         fixed.is_empty(),
         "seeds {fixed:?} are listed in open-findings.txt but pass now: take them out"
     );
+    if let Some(pinned) = pinned {
+        excuses_stay_pinned(name, &result.excused, pinned);
+    }
+}
+
+/// The sample of a sweep: `variable`'s count of seeds from `first`, and the pins when it is the
+/// default sample.
+fn sample(
+    variable: &str,
+    default: u64,
+    first: u64,
+    pinned: Pins,
+) -> (std::ops::RangeInclusive<u64>, Option<Pins>) {
+    let seeds = count(variable, default);
+    (
+        first..=first + seeds - 1,
+        (seeds == default).then_some(pinned),
+    )
 }
 
 #[test]
 fn every_seed_keeps_every_check_as_deployed() {
-    all_seeds_pass("deployed", Setup::DEPLOYED, 1..=count("SIM_SEEDS", 2_000));
+    let (seeds, pinned) = sample("SIM_SEEDS", 2_000, 1, EXCUSED_AS_DEPLOYED);
+    all_seeds_pass("deployed", Setup::DEPLOYED, seeds, pinned);
 }
 
 #[test]
 fn the_controller_alone_keeps_every_check() {
     // Other seeds than the sweep above.
-    let count = count("SIM_ALONE_SEEDS", 500);
-    all_seeds_pass(
-        "alone",
-        Setup::CONTROLLER_ALONE,
-        1_000_001..=1_000_000 + count,
-    );
+    let (seeds, pinned) = sample("SIM_ALONE_SEEDS", 500, 1_000_001, EXCUSED_ALONE);
+    all_seeds_pass("alone", Setup::CONTROLLER_ALONE, seeds, pinned);
 }
 
 /// The seeds of the long sweeps (beyond CI's range) that once broke a check, each fixed since:

@@ -81,6 +81,7 @@ impl Scripted {
         let driver = server.client("driver");
         let judge = Judge {
             renew_deadline: LeaseTimings::default().renew_deadline(),
+            stall_bound: sim::replica::STALL_BOUND,
             margin: RuntimeConfig::default().fence_margin(),
             fence: off != Some(Safeguard::Fence),
         };
