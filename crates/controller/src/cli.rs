@@ -602,7 +602,7 @@ mod tests {
         assert_eq!(settings.args.lease_namespace, "sim");
         assert_eq!(settings.args.sources.lease_namespace, Source::Flag);
         let defaults = Args::settings_from_args(["external-endpoints", "--identity", "a"]).unwrap();
-        assert_eq!(defaults.runtime.workers().get(), 4);
+        assert_eq!(defaults.runtime.workers().get(), 32);
         assert_eq!(defaults.args.lease_namespace, "default");
         assert!(
             Args::settings_from_args(["external-endpoints", "--identity", "a", "--workers", "0"])
