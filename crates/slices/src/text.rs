@@ -3,8 +3,8 @@
 //!
 //! At 10k Services and 50k workloads, the full API objects cost about 170 MB of heap, most of it
 //! in empty `Option` fields, one B-tree node (~540 bytes) per label map and one allocation per
-//! string (docs/benchmarks.md, "Scale and memory"). These types hold the same values in a fraction
-//! of that.
+//! string (docs/benchmarks-journal.md, "Scale and memory with caches of API objects"). These types
+//! hold the same values in a fraction of that.
 
 use std::collections::BTreeMap;
 use std::fmt;
