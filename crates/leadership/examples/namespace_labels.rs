@@ -142,7 +142,7 @@ impl Reconciler for LabelCopier {
         say(format!(
             "replayed {} namespaces (term {})",
             namespaces.len(),
-            context.term()
+            context.fence().term()
         ));
     }
 
@@ -171,7 +171,7 @@ impl Reconciler for LabelCopier {
             if !tracker.caught_up(&namespace, &config_maps) {
                 say(format!(
                     "cache behind our writes in {namespace}; retrying (term {})",
-                    context.term()
+                    context.fence().term()
                 ));
                 return Ok(Action::RequeueAfter(Duration::from_millis(500)));
             }
@@ -189,7 +189,7 @@ impl Reconciler for LabelCopier {
                 tracker.record(&namespace, &name, &written);
                 say(format!(
                     "wrote {namespace}/{name} {label}={value} (term {})",
-                    context.term()
+                    context.fence().term()
                 ));
             }
             Ok(Action::Done)

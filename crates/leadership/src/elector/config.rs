@@ -134,7 +134,7 @@ impl LeaseTimings {
     }
 
     /// LeaseDuration as written into the Lease (whole seconds, rounded up).
-    pub fn lease_duration_seconds(&self) -> i32 {
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
         self.lease_duration_seconds
     }
 }

@@ -132,8 +132,10 @@ impl ElectorHandle {
         self.leadership.clone()
     }
 
-    /// The elector's counters.
-    pub fn metrics(&self) -> ElectorMetrics {
+    /// The elector's counters (adopters take them from
+    /// [`LeaseElector::metrics`](crate::LeaseElector::metrics) before spawning).
+    #[cfg(test)]
+    pub(crate) fn metrics(&self) -> ElectorMetrics {
         self.shared.metrics.clone()
     }
 

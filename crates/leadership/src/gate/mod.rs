@@ -89,11 +89,6 @@ struct Registration<K, S> {
 // === impl TermContext ===
 
 impl<K: QueueKey, S> TermContext<K, S> {
-    /// The term this work belongs to.
-    pub fn term(&self) -> &Term {
-        &self.term
-    }
-
     /// The fence to check immediately before every write.
     pub fn fence(&self) -> &Fence {
         &self.fence

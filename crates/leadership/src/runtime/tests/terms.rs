@@ -35,7 +35,7 @@ fn recording_runtime(work: Duration) -> (Runtime<u32, u64, Fenced>, Arc<Seen>) {
                 async move {
                     sleep(work).await;
                     context.fence().check()?;
-                    let entry = (**context.state(), context.term().id());
+                    let entry = (**context.state(), context.fence().term().id());
                     seen.reconciled.lock().push(entry);
                     Ok::<_, Fenced>(Action::Done)
                 }
