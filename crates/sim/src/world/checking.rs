@@ -1,0 +1,134 @@
+//! What the world looks at for the checks, beside what the API server and the links report:
+//! every second, the calm duplicate check (d), the published side of (c) and each replica's
+//! `/ready` (f); after the heal, convergence and rest (e).
+
+use std::time::Duration;
+
+use api::v1beta1::ExternalWorkload;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use leadership::LeaseTimings;
+use tokio::time::Instant;
+
+use super::{CONVERGENCE_BOUND, UNWANTED_BOUND, World};
+use crate::{checks::Check, reference};
+
+/// How often convergence is looked at.
+const CONVERGENCE_POLL: Duration = Duration::from_millis(250);
+/// How long past the stall bound a replica may take to notice a silent watch and stop
+/// reporting ready (its watch loop looks every few seconds).
+const READY_NOTICE: Duration = Duration::from_secs(5);
+
+// === impl World ===
+
+impl World {
+    /// The periodic look, `elapsed` after the last: (d) if the world is calm, the published
+    /// side of (c), and (f) for every replica that answers.
+    pub(super) fn look(&self, elapsed: Duration) {
+        self.quiet_check();
+        let may_write = self
+            .checks
+            .acting_leader()
+            .is_some_and(|leader| self.replicas[leader].link.reachable());
+        self.checks
+            .check_published(elapsed, may_write, UNWANTED_BOUND);
+        for replica in &self.replicas {
+            if let Some(ready) = replica.ready() {
+                self.checks.check_ready(replica.index, ready, READY_NOTICE);
+            }
+        }
+    }
+
+    /// (d) while the world is calm: no fault in force, every replica up, a leader, and no slice
+    /// write for a lease duration.
+    fn quiet_check(&self) {
+        let calm = self.later.is_empty()
+            && self
+                .replicas
+                .iter()
+                .all(|replica| replica.running() && !replica.link.faulty());
+        let (last_write, _) = self.checks.slice_writes();
+        let quiet = Instant::now() - last_write >= LeaseTimings::default().lease_duration();
+        if calm && quiet && self.checks.leader().is_some() {
+            self.checks.check_duplicates("quiet for a lease duration");
+        }
+    }
+
+    /// (e): waits until every Service's slices keep the reference's rules; `None` (a violation) if that
+    /// takes longer than [`CONVERGENCE_BOUND`].
+    pub(super) async fn converge(&self, healed_at: Instant) -> Option<Duration> {
+        loop {
+            // Converged: the slices keep the rules, and no write is still on its way to the API
+            // (one held by a fault until the heal may land now, and is not a write at rest).
+            let pending = self.unconverged();
+            let on_the_wire = self
+                .replicas
+                .iter()
+                .any(|replica| replica.link.writes_in_flight() > 0);
+            if pending.is_empty() && !on_the_wire {
+                return Some(Instant::now() - healed_at);
+            }
+            if Instant::now() - healed_at >= CONVERGENCE_BOUND {
+                self.checks.report(
+                    Check::NotConverged,
+                    format!(
+                        "{} after the faults stopped: {}",
+                        humantime_secs(CONVERGENCE_BOUND),
+                        pending.join("; ")
+                    ),
+                );
+                return None;
+            }
+            tokio::time::sleep(CONVERGENCE_POLL).await;
+        }
+    }
+
+    /// (e), then: two lease durations with no write, slices still keeping the rules, and no
+    /// duplicate (d).
+    pub(super) async fn rest(&self) {
+        let (_, before) = self.checks.slice_writes();
+        tokio::time::sleep(2 * LeaseTimings::default().lease_duration()).await;
+        let (_, after) = self.checks.slice_writes();
+        if after != before {
+            self.checks.report(
+                Check::WroteAtRest,
+                format!("{} slice writes while nothing changed", after - before),
+            );
+        }
+        let pending = self.unconverged();
+        if !pending.is_empty() {
+            self.checks.report(
+                Check::NotConverged,
+                format!("drifted at rest: {}", pending.join("; ")),
+            );
+        }
+        self.checks.check_duplicates("at rest");
+    }
+
+    /// The Services whose slices break a rule of the spec, judged by the independent
+    /// [`mod@reference`] (not by the controller's planner), with the first broken rule of each.
+    fn unconverged(&self) -> Vec<String> {
+        let services = self.server.objects::<Service>();
+        let workloads = self.server.objects::<ExternalWorkload>();
+        let slices = self.server.objects::<EndpointSlice>();
+        let workloads: Vec<&ExternalWorkload> = workloads.iter().collect();
+        let slices: Vec<&EndpointSlice> = slices.iter().collect();
+        let rules = reference::Rules::default();
+        let mut pending = Vec::new();
+        for service in &services {
+            let faults = reference::judge(service, &workloads, &slices, &rules);
+            if let Some(first) = faults.first() {
+                pending.push(format!(
+                    "{}/{}: {} fault(s), first {first}",
+                    service.metadata.namespace.as_deref().unwrap_or_default(),
+                    service.metadata.name.as_deref().unwrap_or_default(),
+                    faults.len(),
+                ));
+            }
+        }
+        pending
+    }
+}
+
+fn humantime_secs(duration: Duration) -> String {
+    format!("{}s", duration.as_secs())
+}
