@@ -27,6 +27,9 @@ RECORDED=docs/mutants.list
 GUARD_FILES=(
   crates/cluster/src/view.rs
   crates/cluster/src/writer.rs
+  crates/cluster/src/writer/rate.rs
+  crates/cluster/src/writer/read.rs
+  crates/cluster/src/writer/send.rs
   crates/slices/src/tracker.rs
   crates/leadership/src/elector/config.rs
   crates/leadership/src/elector/handle.rs

@@ -5,13 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::Preconditions;
+use leadership::Fenced;
+use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
-use slices::{CachedSlice, SERVICE_NAME_LABEL};
+use slices::{CachedSlice, SERVICE_NAME_LABEL, ServiceKey, SlicePlan, Tracker};
 
 use super::*;
 use crate::{
-    metrics::WriteLabels,
+    caches::Caches,
+    metrics::{Metrics, Operation, WriteLabels},
     test_api::{TestApi, TestTerm},
+    timing::Timing,
 };
 
 pub(super) const NAMESPACE: &str = "ns";
