@@ -27,7 +27,7 @@ use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::Service;
 use slices::{CachedService, CachedSlice, CachedWorkload, SlicePlan, Token, selects};
 
-use crate::writer::KubeWrites;
+use crate::writer::KubeReadWrite;
 
 /// Added workloads read one GET each up to this many; more are read by one LIST (by the
 /// Service's selector, served from the API server's cache once it has caught up). Issue 34: at 8,
@@ -38,7 +38,7 @@ pub const GET_AT_MOST: usize = 3;
 /// Whether the API server agrees with the view: the Service (if `read_service`) exists with
 /// the same uid and selector, and each of `workloads` exists with the same uid and is selected.
 pub async fn confirm(
-    api: &KubeWrites,
+    api: &KubeReadWrite,
     service: &CachedService,
     read_service: bool,
     workloads: &[&CachedWorkload],
@@ -62,7 +62,7 @@ pub async fn confirm(
 /// Whether each of `workloads` exists with the same uid and is selected by `service`, as the
 /// API server has them now.
 async fn workloads_agree(
-    api: &KubeWrites,
+    api: &KubeReadWrite,
     service: &CachedService,
     workloads: &[&CachedWorkload],
 ) -> Result<bool, kube::Error> {

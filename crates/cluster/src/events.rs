@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use slices::{CachedService, Diagnostic, ProblemKind, ServiceKey};
 use tokio::time::Instant;
 
-use crate::{metrics::Metrics, writer::KubeWrites};
+use crate::{metrics::Metrics, writer::KubeReadWrite};
 
 /// How long an identical Event is held back after it was published.
 pub const REPEAT_AFTER: Duration = Duration::from_secs(600);
@@ -62,7 +62,7 @@ impl Diagnostics {
     /// logged, never returned: an Event is a report, not part of the slices' correctness.
     pub async fn report(
         &self,
-        api: &KubeWrites,
+        api: &KubeReadWrite,
         service: &CachedService,
         key: &ServiceKey,
         diagnostics: &[Diagnostic],

@@ -64,7 +64,7 @@ use crate::{
         health::{Command, KindHealth, version_number},
         source::{Source, WatchCounters},
     },
-    writer::{KubeWrites, WriteRate},
+    writer::{KubeReadWrite, WriteRate},
 };
 pub use crate::{
     health::CacheHealth, preview::plan_all, reconcile::VIEW_RETRY, safeguards::Safeguards,
@@ -146,7 +146,7 @@ impl Controller {
             LimitConfig::capped_at(config.runtime.workers().get()),
             LimitMetrics::register(registry),
         );
-        let api = KubeWrites::new(client.clone(), reporter)
+        let api = KubeReadWrite::new(client.clone(), reporter)
             .version_fenced_deletes(config.safeguards.version_fenced_deletes)
             .with_limit(Arc::new(limit));
         let caches = Arc::new(Caches::new());

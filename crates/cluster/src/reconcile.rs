@@ -18,7 +18,7 @@ use crate::{
     metrics::{Metrics, Outcome, OutcomeLabels},
     timing::{Began, Stage, Timing, Wait as Waiting},
     view::{self, Admission, View, Wait},
-    writer::{KubeWrites, Pass, WriteError, WriteRate, write_plan},
+    writer::{KubeReadWrite, Pass, WriteError, WriteRate, write_plan},
 };
 
 /// How soon a Service is looked at again when its view did not satisfy the fresh-view rule
@@ -39,7 +39,7 @@ pub struct Shared {
     /// Planner configuration.
     pub config: slices::Config,
     /// The writer.
-    pub api: KubeWrites,
+    pub api: KubeReadWrite,
     /// Events for unusable workload data.
     pub diagnostics: Diagnostics,
     /// Metrics.

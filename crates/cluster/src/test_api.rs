@@ -1,10 +1,10 @@
-//! The production writer ([`KubeWrites`]) over a `kube::Client` of the in-memory API server
+//! The production writer ([`KubeReadWrite`]) over a `kube::Client` of the in-memory API server
 //! (`apisim`), behind a tower layer that records every call and puts failures at exact calls:
 //! an error status instead of the answer (5xx, RBAC's 403, the fencing policy's 403), a call
 //! never answered, or the term ended once a call is answered.
 //!
 //! ```text
-//!  KubeWrites ─► kube::Client ─► Faults (record; fail, hang, end the term) ─► in-memory API
+//!  KubeReadWrite ─► kube::Client ─► Faults (record; fail, hang, end the term) ─► in-memory API
 //! ```
 //!
 //! Everything not failed is answered by the in-memory API with the API server's semantics:
@@ -33,7 +33,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::writer::KubeWrites;
+use crate::writer::KubeReadWrite;
 
 /// Errors crossing the layer.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -43,7 +43,7 @@ pub struct TestApi {
     /// The API server.
     pub server: apisim::ApiServer,
     /// The production writer, through the faults.
-    pub writes: KubeWrites,
+    pub writes: KubeReadWrite,
     faults: Arc<Faults>,
 }
 
@@ -95,7 +95,7 @@ impl TestApi {
         };
         Self {
             server,
-            writes: KubeWrites::new(client, reporter),
+            writes: KubeReadWrite::new(client, reporter),
             faults,
         }
     }

@@ -1,5 +1,5 @@
 //! The fenced writer: sends a plan's writes, checking the fence immediately before each call.
-//! Everything the controller writes to the API (slices and Events) goes through [`KubeWrites`].
+//! Everything the controller writes to the API (slices and Events) goes through [`KubeReadWrite`].
 //!
 //! Order: creates, then updates (those that add a workload to their slice first, those that drop
 //! one another update adds last), then deletes, so endpoints are never missing between two calls;
@@ -16,7 +16,7 @@
 //! nothing in the cache. Each accepted write is also recorded in the term's tracker, so the echo
 //! triggers nothing. A write whose outcome is unknown (no answer: a timeout, a lost connection,
 //! a 5xx) or that was refused with 409 marks the Service: it is planned again only after a
-//! consistent read of its slices ([`KubeWrites::list_slices`]), never from a view that may lack
+//! consistent read of its slices ([`KubeReadWrite::list_slices`]), never from a view that may lack
 //! what the write did (a create applied but unanswered must not lead to a second slice).
 //!
 //! Every write is guarded by the version the plan was made from: updates by resourceVersion
@@ -61,7 +61,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// each bounded by the call timeout. Tests run it over the in-memory API server, with faults at
 /// exact calls (`test_api`).
 #[derive(Clone)]
-pub struct KubeWrites {
+pub struct KubeReadWrite {
     client: Client,
     events: Recorder,
     call_timeout: Duration,
@@ -77,9 +77,9 @@ pub struct KubeWrites {
 #[error("no answer from the API server within {0:?}")]
 pub struct CallTimedOut(pub Duration);
 
-// === impl KubeWrites ===
+// === impl KubeReadWrite ===
 
-impl KubeWrites {
+impl KubeReadWrite {
     /// Writes through `client`; Events name `reporter` as their source.
     pub fn new(client: Client, reporter: Reporter) -> Self {
         Self {
@@ -149,7 +149,7 @@ impl KubeWrites {
     }
 }
 
-impl KubeWrites {
+impl KubeReadWrite {
     /// Publishes `event` about the object `regarding`.
     pub async fn publish_event(
         &self,

@@ -8,12 +8,12 @@ use kube::{Api, Resource, api::ListParams};
 use serde::de::DeserializeOwned;
 use slices::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL, ServiceKey};
 
-use super::KubeWrites;
+use super::KubeReadWrite;
 use crate::watch::health::version_number;
 
-// === impl KubeWrites ===
+// === impl KubeReadWrite ===
 
-impl KubeWrites {
+impl KubeReadWrite {
     /// The object `name` of kind `K` (a Service or a workload) as the API server has it now (a
     /// GET without a resourceVersion: read from etcd, not the API server's cache); `None` if it
     /// does not exist.

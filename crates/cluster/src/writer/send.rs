@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use slices::{CachedSlice, Intern, ServiceKey, SlicePlan, Token, Tracker, Write};
 use tokio::time::Instant;
 
-use super::{KubeWrites, WriteRate, status_code};
+use super::{KubeReadWrite, WriteRate, status_code};
 use crate::{
     caches::Caches,
     metrics::{Metrics, Operation},
@@ -56,9 +56,9 @@ pub struct Written {
     pub deleted: usize,
 }
 
-// === impl KubeWrites ===
+// === impl KubeReadWrite ===
 
-impl KubeWrites {
+impl KubeReadWrite {
     /// Creates `slice` (which has a generateName) in `namespace`.
     pub async fn create(
         &self,
@@ -115,7 +115,7 @@ impl WriteError {
 /// One pass of writes for one Service: where to send them and what to record.
 pub struct Pass<'a> {
     /// The API.
-    pub api: &'a KubeWrites,
+    pub api: &'a KubeReadWrite,
     /// The Service.
     pub key: &'a ServiceKey,
     /// Checked immediately before each call.

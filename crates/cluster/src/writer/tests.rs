@@ -1,4 +1,4 @@
-//! The write path ([`KubeWrites`]) against the in-memory API server,
+//! The write path ([`KubeReadWrite`]) against the in-memory API server,
 //! which answers as the API server does (generated names, 409 on an older version, 404 on a
 //! missing slice), with failures and the end of the term put at exact calls
 //! ([`crate::test_api`]).
