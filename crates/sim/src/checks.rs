@@ -200,7 +200,8 @@ struct ReplicaRecord {
     /// The tenure it last ended by releasing the Lease itself (a graceful stop).
     released: Option<u64>,
     /// Since when it has had a watch stream open that a fault made silent, and since when the
-    /// last stream of a kind it caches (not the elector's Lease) has been one.
+    /// kind it caches (not the elector's Lease) blind the longest has had its last stream be
+    /// one (per kind: two kinds silenced one after the other are not one long silence).
     stalled: Option<Instant>,
     cache_stalled: Option<Instant>,
     /// Its slice write on its way into the API, if any.
@@ -260,9 +261,10 @@ impl Checks {
         self.state.lock().replicas[replica].saw_lease = true;
     }
 
-    /// Whether replica `replica` has a watch stream open that a fault made silent, and whether
-    /// the last stream of a kind it caches is one.
-    pub fn set_stalled(&self, replica: usize, stalled: bool, cache_stalled: bool) {
+    /// Whether replica `replica` has a watch stream open that a fault made silent, and since
+    /// when the kind it caches that has been blind the longest has been so (its last stream
+    /// silenced and still open), if one is.
+    pub fn set_stalled(&self, replica: usize, stalled: bool, cache_blind_since: Option<Instant>) {
         let mut state = self.state.lock();
         let now = Instant::now();
         let since = |since: Option<Instant>, stalled: bool| match (stalled, since) {
@@ -272,7 +274,7 @@ impl Checks {
         };
         let record = &mut state.replicas[replica];
         record.stalled = since(record.stalled, stalled);
-        record.cache_stalled = since(record.cache_stalled, cache_stalled);
+        record.cache_stalled = cache_blind_since;
     }
 
     /// Replica `replica` is gone (crashed or stopped).

@@ -90,6 +90,10 @@ struct LinkState {
     /// last stream opened of each resource.
     open: std::collections::BTreeMap<u64, String>,
     latest: std::collections::BTreeMap<String, u64>,
+    /// Each cached kind whose last stream is silenced and still open, with when it became so.
+    /// Per kind: a kind's blindness ends when its loop opens another stream, even while another
+    /// kind's goes on.
+    blind_since: std::collections::BTreeMap<String, tokio::time::Instant>,
     checks: Option<Arc<Checks>>,
 }
 
@@ -345,17 +349,31 @@ impl Link {
 
 impl LinkState {
     /// Tells the checks whether a stream a fault silenced is still open.
-    fn report_stalls(&self, replica: usize) {
+    fn report_stalls(&mut self, replica: usize) {
         let silenced = |id: &u64| *id < self.stalled_below;
         let stalled = self.open.keys().any(silenced);
         // A cached kind is blind while the last stream its loop opened is silenced and still
         // open (once the loop opened another, it has noticed, even if it still holds the
         // silenced one); the elector's Lease watch is no cache.
-        let blind_kind = self.latest.iter().any(|(resource, id)| {
-            resource != "leases" && silenced(id) && self.open.contains_key(id)
-        });
+        let blind: Vec<String> = self
+            .latest
+            .iter()
+            .filter(|(resource, id)| {
+                resource.as_str() != "leases" && silenced(id) && self.open.contains_key(id)
+            })
+            .map(|(resource, _)| resource.clone())
+            .collect();
+        let now = tokio::time::Instant::now();
+        self.blind_since
+            .retain(|resource, _| blind.contains(resource));
+        for resource in blind {
+            self.blind_since.entry(resource).or_insert(now);
+        }
+        // The kind blind the longest: another kind going blind later does not reset it, and its
+        // recovery does not hide the other's.
+        let blind_since = self.blind_since.values().min().copied();
         if let Some(checks) = &self.checks {
-            checks.set_stalled(replica, stalled, blind_kind);
+            checks.set_stalled(replica, stalled, blind_since);
         }
     }
 }
