@@ -61,6 +61,9 @@ struct Shared {
     leave_to_expire: AtomicBool,
     /// Terms to give up, read by the elector task.
     give_up: mpsc::UnboundedSender<u64>,
+    /// The elector's counters, read by the crate's own tests through the handle (adopters take
+    /// them from `LeaseElector::metrics`).
+    #[cfg_attr(not(test), allow(dead_code))]
     metrics: ElectorMetrics,
 }
 
