@@ -5,7 +5,7 @@
 //! - the Service (a GET), always: a selector change the Service watch has not delivered could
 //!   make the addition wrong (the selector changed, then the workload's labels matched the old
 //!   one). It must still exist with the same uid and selector.
-//! - each added workload (a GET each, up to [`GET_AT_MOST`]; above that, one LIST by the
+//! - each added workload (a GET each, up to [`list_above`]; above that, one LIST by the
 //!   Service's selector, so a replay of many additions costs one read): a selector change could
 //!   re-select a workload deleted just before it, or a relabel the workload watch has not
 //!   delivered could have taken it out. Each must still exist with the same uid and be selected.
@@ -29,24 +29,44 @@ use slices::{CachedService, CachedSlice, CachedWorkload, SlicePlan, Token, selec
 
 use crate::writer::KubeReadWrite;
 
-/// Added workloads read one GET each up to this many; more are read by one LIST (by the
-/// Service's selector, served from the API server's cache once it has caught up). Issue 34: at 8,
-/// the initial publish of Services of 5 workloads each sent 6 reads per create, each taking a
-/// slot of the write path's calls in flight; one LIST and the Service's GET do the same.
+/// Added workloads are read one GET each up to at least this many (see [`list_above`]).
 pub const GET_AT_MOST: usize = 3;
+
+/// How many of a namespace's workloads one LIST costs as much as one GET: a LIST by label
+/// selector makes the API server pass over every workload of the namespace and filter them (and
+/// API Priority and Fairness charges it about one seat per hundred objects, up to ten), where a
+/// GET reads one key.
+const NAMESPACE_WORKLOADS_PER_GET: usize = 100;
+
+/// Up to how many added workloads are read by one GET each, in a namespace of
+/// `namespace_workloads` cached workloads; more are read by one LIST by the Service's selector.
+/// Few GETs are cheaper than a LIST in a small namespace only up to [`GET_AT_MOST`] (each takes
+/// a slot of the write path's calls in flight: at 8, a publish of Services of 5 workloads sent 6
+/// reads per create). In a large one the LIST is the dear read: at 10,000 Services of 5
+/// workloads in 4 namespaces, a LIST per Service (12,500 workloads filtered each time) held a
+/// first leader's publish to 34 Services/s (failover bench, 3654a91); GETs up to a hundredth of
+/// the namespace keep each read near the cost of one key.
+pub fn list_above(namespace_workloads: usize) -> usize {
+    GET_AT_MOST.max(namespace_workloads / NAMESPACE_WORKLOADS_PER_GET)
+}
 
 /// Whether the API server agrees with the view: the Service (if `read_service`) exists with
 /// the same uid and selector, and each of `workloads` exists with the same uid and is selected.
+/// `namespace_workloads` is how many workloads the Service's namespace holds (cached), which
+/// decides between GETs and a LIST ([`list_above`]).
 pub async fn confirm(
     api: &KubeReadWrite,
     service: &CachedService,
     read_service: bool,
     workloads: &[&CachedWorkload],
+    namespace_workloads: usize,
 ) -> Result<bool, kube::Error> {
     // The workloads first, the Service last: the Service's selector decides membership, so its
     // read is the one kept nearest the write (simulation seed 9982: a Service read answered
     // before slow workload reads vouched for a selector changed 2.7 s before the write).
-    if !workloads.is_empty() && !workloads_agree(api, service, workloads).await? {
+    if !workloads.is_empty()
+        && !workloads_agree(api, service, workloads, namespace_workloads).await?
+    {
         return Ok(false);
     }
     if read_service {
@@ -65,8 +85,9 @@ async fn workloads_agree(
     api: &KubeReadWrite,
     service: &CachedService,
     workloads: &[&CachedWorkload],
+    namespace_workloads: usize,
 ) -> Result<bool, kube::Error> {
-    let fresh: Vec<Option<CachedWorkload>> = if workloads.len() <= GET_AT_MOST {
+    let fresh: Vec<Option<CachedWorkload>> = if workloads.len() <= list_above(namespace_workloads) {
         try_join_all(workloads.iter().map(|workload| async {
             let fresh: Option<ExternalWorkload> =
                 api.read(&workload.namespace, &workload.name).await?;
@@ -275,8 +296,28 @@ mod tests {
         Api::namespaced(test.server.client("other"), NAMESPACE)
     }
 
+    /// Confirms in a namespace holding only `read` (a small one: GETs up to [`GET_AT_MOST`]).
     async fn confirmed(test: &TestApi, service: &CachedService, read: &[&CachedWorkload]) -> bool {
-        confirm(&test.writes, service, true, read).await.unwrap()
+        confirm(&test.writes, service, true, read, read.len())
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn a_list_replaces_gets_only_above_a_hundredth_of_the_namespace() {
+        for (namespace_workloads, list_above) in [
+            (0, GET_AT_MOST),
+            (5, GET_AT_MOST),
+            (399, GET_AT_MOST),
+            (400, 4),
+            (12_500, 125),
+        ] {
+            assert_eq!(
+                super::list_above(namespace_workloads),
+                list_above,
+                "a namespace of {namespace_workloads} workloads"
+            );
+        }
     }
 
     #[tokio::test]
@@ -372,5 +413,30 @@ mod tests {
             .filter(|call| call.contains("externalworkloads/"))
             .count();
         assert_eq!((lists, gets), (2, 0), "{calls:?}");
+    }
+
+    #[tokio::test]
+    async fn in_a_large_namespace_the_same_additions_are_read_by_gets() {
+        let test = TestApi::new();
+        let many: Vec<ExternalWorkload> = (0..=GET_AT_MOST)
+            .map(|index| vm(&format!("vm-{index}"), &format!("10.0.0.{}", index + 1)).build())
+            .collect();
+        let (service, workloads) = stored(&test, &many).await;
+        let read: Vec<&CachedWorkload> = workloads.iter().collect();
+        // As if the namespace held 1,000 workloads: a LIST would filter all of them.
+        let agrees = confirm(&test.writes, &service, true, &read, 1_000)
+            .await
+            .unwrap();
+        assert!(agrees, "as cached");
+        let calls = test.calls();
+        let lists = calls
+            .iter()
+            .filter(|call| call.ends_with("/externalworkloads"))
+            .count();
+        let gets = calls
+            .iter()
+            .filter(|call| call.contains("externalworkloads/"))
+            .count();
+        assert_eq!((lists, gets), (0, read.len()), "{calls:?}");
     }
 }

@@ -219,9 +219,16 @@ async fn reconcile_inner(
                 service: read_service,
                 workloads: read,
             } => {
-                let agrees = confirm::confirm(&shared.api, &service, read_service, &read)
-                    .await
-                    .map_err(ReconcileError::Confirm)?;
+                let namespace_workloads = shared.caches.workloads.len_in(&service.namespace);
+                let agrees = confirm::confirm(
+                    &shared.api,
+                    &service,
+                    read_service,
+                    &read,
+                    namespace_workloads,
+                )
+                .await
+                .map_err(ReconcileError::Confirm)?;
                 if !agrees {
                     // A watch that lost its stream and has not caught up is the likely laggard.
                     let reason = if shared.health.is_caught_up() {

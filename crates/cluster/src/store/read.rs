@@ -52,6 +52,15 @@ impl<K: Cached> Store<K> {
         self.inner.read().len
     }
 
+    /// Number of cached objects in `namespace`.
+    pub fn len_in(&self, namespace: &str) -> usize {
+        self.inner
+            .read()
+            .namespaces
+            .get(namespace)
+            .map_or(0, |ns| ns.groups_by_name.len())
+    }
+
     /// Whether the cache holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
