@@ -19,7 +19,8 @@ use k8s_openapi::{
 };
 use kube::{Api, Client, api::PostParams};
 use leadership::{
-    CandidateConfig, ElectorHandle, Fence, Fenced, LeaseConfig, LeaseElector, LeaseTimings, Term,
+    CandidateConfig, ElectorHandle, ElectorMetrics, Fence, Fenced, LeaseConfig, LeaseElector,
+    LeaseTimings, Term,
 };
 use testbed::Testbed;
 use tokio::time::Instant;
@@ -64,9 +65,21 @@ async fn plane() -> Option<&'static Testbed> {
 
 /// A coordinated candidate `identity` of `version` (binary = emulation) for [`LEASE`].
 fn candidate(client: &Client, namespace: &str, identity: &str, version: &str) -> ElectorHandle {
+    counted_candidate(client, namespace, identity, version).0
+}
+
+/// [`candidate`], with the counters its elector updates (taken before spawning, as an app does).
+fn counted_candidate(
+    client: &Client,
+    namespace: &str,
+    identity: &str,
+    version: &str,
+) -> (ElectorHandle, ElectorMetrics) {
     let config = LeaseConfig::new(LEASE, namespace, identity, LeaseTimings::default()).unwrap();
     let versions = CandidateConfig::new(version, version).unwrap();
-    LeaseElector::coordinated_for_client(client.clone(), config, versions).spawn()
+    let elector = LeaseElector::coordinated_for_client(client.clone(), config, versions);
+    let metrics = elector.metrics();
+    (elector.spawn(), metrics)
 }
 
 fn current(handle: &ElectorHandle) -> Option<Term> {
@@ -122,9 +135,18 @@ async fn old_leading_new_joined(
     client: &Client,
     namespace: &str,
 ) -> (ElectorHandle, Term, ElectorHandle) {
+    let (old, term, (new, _)) = old_leading_new_counted(client, namespace).await;
+    (old, term, new)
+}
+
+/// [`old_leading_new_joined`], with the counters of `new`'s elector.
+async fn old_leading_new_counted(
+    client: &Client,
+    namespace: &str,
+) -> (ElectorHandle, Term, (ElectorHandle, ElectorMetrics)) {
     let old = candidate(client, namespace, "old", "1.0.0");
     let term = wait_leading(&old, "old").await;
-    let new = candidate(client, namespace, "new", "1.1.0");
+    let new = counted_candidate(client, namespace, "new", "1.1.0");
     wait_candidate(client, namespace, "new").await;
     (old, term, new)
 }
@@ -245,7 +267,9 @@ async fn replicas_of_one_version_started_together_keep_the_first_holder() {
     let namespace = plane.fresh_namespace("cle-tie").await.unwrap();
     early_in_a_second().await;
     let names = ["tie-a", "tie-b", "tie-c"];
-    let replicas = names.map(|name| candidate(&client, &namespace, name, "1.0.0"));
+    let counted = names.map(|name| counted_candidate(&client, &namespace, name, "1.0.0"));
+    let metrics = counted.each_ref().map(|(_, metrics)| metrics.clone());
+    let replicas = counted.map(|(handle, _)| handle);
     let mut created = BTreeSet::new();
     for name in names {
         let published = wait_candidate(&client, &namespace, name).await;
@@ -276,7 +300,7 @@ async fn replicas_of_one_version_started_together_keep_the_first_holder() {
     let mut preferred_others = BTreeSet::new();
     let watched_from = Instant::now();
     let (quiet_until, deadline) = (watched_from + TIED, watched_from + TIED + ELECTED);
-    let declined = || replicas[leader].metrics().preferences_declined();
+    let declined = || metrics[leader].preferences_declined();
     while Instant::now() < quiet_until || declined() == 0 {
         assert!(
             Instant::now() < deadline,
@@ -303,7 +327,7 @@ async fn replicas_of_one_version_started_together_keep_the_first_holder() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Every term any of them began: the leader's one.
-    let acquisitions: u64 = replicas.iter().map(|r| r.metrics().acquisitions()).sum();
+    let acquisitions: u64 = metrics.iter().map(ElectorMetrics::acquisitions).sum();
     assert_eq!(acquisitions, 1, "terms begun by the three");
     eprintln!(
         "tie: candidates created in {} distinct second(s); over {:?} {} kept the Lease; the \
@@ -325,7 +349,7 @@ async fn leader_whose_lease_names_another_stops_at_once_and_fences() {
     let _logs = plane.log_guard();
     let client = plane.client().await.unwrap();
     let namespace = plane.fresh_namespace("cle-fence").await.unwrap();
-    let (old, term, new) = old_leading_new_joined(&client, &namespace).await;
+    let (old, term, (new, new_metrics)) = old_leading_new_counted(&client, &namespace).await;
     let old_fence = fence(&old, &term);
 
     // The Lease moves to `new` as the election controller moves an expired one: holder
@@ -374,7 +398,7 @@ async fn leader_whose_lease_names_another_stops_at_once_and_fences() {
     // the API server's timing, not ours: reported, not asserted.
     eprintln!(
         "new acquired {} term(s) before yielding",
-        new.metrics().acquisitions()
+        new_metrics.acquisitions()
     );
     new.release().await.unwrap();
     old.release().await.unwrap();
