@@ -81,12 +81,34 @@ async fn apply_all(client: &Client, objects: &[DynamicObject]) {
     }
 }
 
-/// A Lease held by `holder`, last renewed `age` ago, valid for 15 s.
+/// The Lease `check` looks for by default, held by `holder`, last renewed `age` ago, valid for
+/// 15 s, after 3 transitions.
 async fn lease(client: &Client, namespace: &str, holder: &str, age: Duration) {
+    create_lease(
+        client,
+        namespace,
+        "external-endpoints-write",
+        holder,
+        age,
+        3,
+    )
+    .await;
+}
+
+/// A Lease named `name` in `namespace`, held by `holder`, acquired and last renewed `age` ago,
+/// valid for 15 s, after `transitions` transitions.
+async fn create_lease(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    holder: &str,
+    age: Duration,
+    transitions: i32,
+) {
     let renewed = Timestamp::now() - SignedDuration::try_from(age).unwrap();
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some("external-endpoints-write".into()),
+            name: Some(name.into()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {
@@ -94,7 +116,7 @@ async fn lease(client: &Client, namespace: &str, holder: &str, age: Duration) {
             lease_duration_seconds: Some(15),
             acquire_time: Some(MicroTime(renewed)),
             renew_time: Some(MicroTime(renewed)),
-            lease_transitions: Some(3),
+            lease_transitions: Some(transitions),
             ..LeaseSpec::default()
         }),
     };
@@ -102,23 +124,28 @@ async fn lease(client: &Client, namespace: &str, holder: &str, age: Duration) {
     api.create(&PostParams::default(), &lease).await.unwrap();
 }
 
-/// Runs `external-endpoints check` with `args` and the kubeconfig at `kubeconfig`.
+/// Runs `external-endpoints check` with `args` and the kubeconfig at `kubeconfig` (POD_NAMESPACE
+/// and KUBECONFIG removed from its environment).
 async fn check(kubeconfig: &Path, args: &[&str]) -> Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_external-endpoints"));
-    command
-        .arg("check")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .env_remove("POD_NAMESPACE")
-        .env_remove("KUBECONFIG");
-    tokio::task::spawn_blocking(move || command.output().unwrap())
-        .await
-        .unwrap()
+    check_with_env(kubeconfig, args, &[]).await
+}
+
+/// Runs `check` with `args`, asserts that it exits with `code`, and returns its standard output.
+async fn check_exits(kubeconfig: &Path, args: &[&str], code: i32) -> String {
+    let output = check(kubeconfig, args).await;
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(code), "{text}");
+    text
 }
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Asserts that `text` (an output, or a line of one) contains `expected`; shows `text` if not.
+#[track_caller]
+fn assert_contains(text: &str, expected: &str) {
+    assert!(text.contains(expected), "{text}");
 }
 
 /// Runs the check until `done` holds for its output, or fails after [`RBAC_PROPAGATION`].
@@ -161,10 +188,10 @@ async fn the_deployed_rbac_passes_every_check() {
     assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
     let text = stdout(&output);
     for check in ["api-server", "crd", "rbac", "lease"] {
-        assert!(text.contains(&format!("PASS {check}: ")), "{text}");
+        assert_contains(&text, &format!("PASS {check}: "));
     }
-    assert!(text.contains("held by replica-0"), "{text}");
-    assert!(text.contains("3 transitions"), "{text}");
+    assert_contains(&text, "held by replica-0");
+    assert_contains(&text, "3 transitions");
 
     let mut json_args = args.to_vec();
     json_args.extend(["--output", "json"]);
@@ -226,27 +253,28 @@ async fn a_stale_lease_is_reported_with_its_takeover_time() {
     let namespace = testbed.fresh_namespace("check-stale").await.unwrap();
     lease(&admin, &namespace, "gone-0", Duration::from_secs(60)).await;
 
-    let output = check(
+    let text = check_exits(
         testbed.kubeconfig_path(),
         &["--lease-namespace", &namespace],
+        1,
     )
     .await;
-    let text = stdout(&output);
-    assert_eq!(output.status.code(), Some(1), "{text}");
     let line = text.lines().find(|l| l.starts_with("FAIL lease:")).unwrap();
-    assert!(
-        line.contains("held by gone-0, expired: last renewed 1m"),
-        "{line}"
-    );
-    assert!(line.contains("beyond its 15s duration"), "{line}");
-    assert!(line.contains("takeover possible since 45s ago"), "{line}");
-    assert!(line.contains("3 transitions"), "{line}");
+    assert_contains(line, "held by gone-0, expired: last renewed 1m");
+    assert_contains(line, "beyond its 15s duration");
+    assert_contains(line, "takeover possible since 45s ago");
+    assert_contains(line, "3 transitions");
 
     // The same namespace without any Lease: named as missing.
-    let output = check(testbed.kubeconfig_path(), &["--lease-namespace", "default"]).await;
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stdout(&output).contains("FAIL lease: default/external-endpoints-write does not exist")
+    let text = check_exits(
+        testbed.kubeconfig_path(),
+        &["--lease-namespace", "default"],
+        1,
+    )
+    .await;
+    assert_contains(
+        &text,
+        "FAIL lease: default/external-endpoints-write does not exist",
     );
 }
 
@@ -260,31 +288,19 @@ async fn a_missing_crd_fails() {
     })
     .await
     .unwrap();
-    let output = check(bare.kubeconfig_path(), &[]).await;
-    let text = stdout(&output);
-    assert_eq!(output.status.code(), Some(1), "{text}");
-    assert!(text.contains("PASS api-server: "), "{text}");
-    assert!(
-        text.contains("FAIL crd: workload.linkerd.io/v1beta1 is not served -> install"),
-        "{text}"
+    let text = check_exits(bare.kubeconfig_path(), &[], 1).await;
+    assert_contains(&text, "PASS api-server: ");
+    assert_contains(
+        &text,
+        "FAIL crd: workload.linkerd.io/v1beta1 is not served -> install",
     );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_api_server_is_one_failing_line() {
     let dir = tempfile::tempdir().unwrap();
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let kubeconfig = dir.path().join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
-    );
-    std::fs::write(&kubeconfig, text).unwrap();
-    let output = check(&kubeconfig, &[]).await;
-    let text = stdout(&output);
-    assert_eq!(output.status.code(), Some(1), "{text}");
+    let kubeconfig = harness::closed_port_kubeconfig(dir.path());
+    let text = check_exits(&kubeconfig, &[], 1).await;
     assert_eq!(text.lines().count(), 1, "{text}");
     assert!(
         text.starts_with("FAIL api-server: cannot reach the API server"),
@@ -297,7 +313,7 @@ async fn an_unreachable_api_server_is_one_failing_line() {
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("nowhere"), "{stderr}");
+    assert_contains(&stderr, "nowhere");
 }
 
 /// `deploy/deployment.yaml` moved into `namespace`, its replicas using the Lease `lease_name`.
@@ -313,27 +329,6 @@ fn deployment_in(namespace: &str, lease_name: &str) -> DynamicObject {
         }
     }
     deployment
-}
-
-/// A Lease named `name` in `namespace`, held by `holder` and just renewed.
-async fn fresh_lease(client: &Client, namespace: &str, name: &str, holder: &str) {
-    let now = MicroTime(Timestamp::now());
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(holder.into()),
-            lease_duration_seconds: Some(15),
-            acquire_time: Some(now.clone()),
-            renew_time: Some(now),
-            lease_transitions: Some(0),
-            ..LeaseSpec::default()
-        }),
-    };
-    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    api.create(&PostParams::default(), &lease).await.unwrap();
 }
 
 /// Runs `check` with `args` and the environment variables `env` set (POD_NAMESPACE and
@@ -383,47 +378,47 @@ async fn lease_found_through_the_installed_deployment_without_flag_or_pod_namesp
     let admin = testbed.client().await.unwrap();
     let namespace = testbed.fresh_namespace("check-found").await.unwrap();
     apply_all(&admin, &[deployment_in(&namespace, "found-lease")]).await;
-    fresh_lease(&admin, &namespace, "found-lease", "replica-0").await;
+    // Just renewed, never moved.
+    create_lease(
+        &admin,
+        &namespace,
+        "found-lease",
+        "replica-0",
+        Duration::ZERO,
+        0,
+    )
+    .await;
     let kubeconfig = testbed.kubeconfig_path();
 
-    let output = check(kubeconfig, &[]).await;
-    let text = stdout(&output);
-    assert_eq!(output.status.code(), Some(0), "{text}");
+    let text = check_exits(kubeconfig, &[], 0).await;
     let note = text
         .lines()
         .find(|l| l.starts_with("NOTE lease-namespace: "))
         .unwrap_or_else(|| panic!("no note of where it looked:\n{text}"));
-    assert!(note.contains("--lease-namespace not given"), "{note}");
-    assert!(note.contains("POD_NAMESPACE not set"), "{note}");
-    assert!(
-        note.contains(&format!(
+    assert_contains(note, "--lease-namespace not given");
+    assert_contains(note, "POD_NAMESPACE not set");
+    assert_contains(
+        note,
+        &format!(
             "{namespace}, from Deployment {namespace}/external-endpoints (labelled app.kubernetes.io/part-of=external-endpoints"
-        )),
-        "{note}"
+        ),
     );
-    assert!(
-        text.contains(&format!(
-            "PASS lease: {namespace}/found-lease held by replica-0"
-        )),
-        "{text}"
+    assert_contains(
+        &text,
+        &format!("PASS lease: {namespace}/found-lease held by replica-0"),
     );
-    assert!(
-        text.contains(&format!(
-            "PASS rbac: leases.coordination.k8s.io in namespace {namespace}"
-        )),
-        "{text}"
+    assert_contains(
+        &text,
+        &format!("PASS rbac: leases.coordination.k8s.io in namespace {namespace}"),
     );
 
     // POD_NAMESPACE comes before the Deployment, and the flag before both.
     let output = check_with_env(kubeconfig, &[], &[("POD_NAMESPACE", "default")]).await;
     let text = stdout(&output);
-    assert!(
-        text.contains("NOTE lease-namespace: default, from POD_NAMESPACE"),
-        "{text}"
-    );
-    assert!(
-        text.contains("FAIL lease: default/external-endpoints-write does not exist"),
-        "{text}"
+    assert_contains(&text, "NOTE lease-namespace: default, from POD_NAMESPACE");
+    assert_contains(
+        &text,
+        "FAIL lease: default/external-endpoints-write does not exist",
     );
     let output = check_with_env(
         kubeconfig,
@@ -438,11 +433,9 @@ async fn lease_found_through_the_installed_deployment_without_flag_or_pod_namesp
     .await;
     let text = stdout(&output);
     assert_eq!(output.status.code(), Some(0), "{text}");
-    assert!(
-        text.contains(&format!(
-            "NOTE lease-namespace: {namespace}, from --lease-namespace"
-        )),
-        "{text}"
+    assert_contains(
+        &text,
+        &format!("NOTE lease-namespace: {namespace}, from --lease-namespace"),
     );
 
     // The Lease gone: the failing line names it and ends with where to look next, the
@@ -452,9 +445,7 @@ async fn lease_found_through_the_installed_deployment_without_flag_or_pod_namesp
         .delete("found-lease", &Default::default())
         .await
         .unwrap();
-    let output = check(kubeconfig, &[]).await;
-    let text = stdout(&output);
-    assert_eq!(output.status.code(), Some(1), "{text}");
+    let text = check_exits(kubeconfig, &[], 1).await;
     let line = text.lines().find(|l| l.starts_with("FAIL lease:")).unwrap();
     assert!(
         line.starts_with(&format!(
@@ -526,33 +517,29 @@ async fn a_caller_who_cannot_list_deployments_is_told_and_the_kubeconfig_namespa
     });
     std::fs::write(&kubeconfig, serde_json::to_vec(&config).unwrap()).unwrap();
 
-    let output = check(&kubeconfig, &[]).await;
-    let text = stdout(&output);
-    assert_eq!(output.status.code(), Some(1), "{text}");
+    let text = check_exits(&kubeconfig, &[], 1).await;
     let note = text
         .lines()
         .find(|l| l.starts_with("NOTE lease-namespace: "))
         .unwrap_or_else(|| panic!("no note:\n{text}"));
-    assert!(
-        note.contains("the kubeconfig's user may not list Deployments in all namespaces"),
-        "{note}"
+    assert_contains(
+        note,
+        "the kubeconfig's user may not list Deployments in all namespaces",
     );
-    assert!(
-        note.contains(&format!(
+    assert_contains(
+        note,
+        &format!(
             "kubectl --kubeconfig {} auth can-i list deployments.apps --all-namespaces",
             kubeconfig.display()
-        )),
-        "{note}"
+        ),
     );
     assert!(
         note.ends_with(&format!("{namespace}, the kubeconfig's namespace")),
         "{note}"
     );
-    assert!(
-        text.contains(&format!(
-            "FAIL lease: cannot read {namespace}/external-endpoints-write"
-        )),
-        "{text}"
+    assert_contains(
+        &text,
+        &format!("FAIL lease: cannot read {namespace}/external-endpoints-write"),
     );
     let failures = assert_failures_end_with_a_command(&kubeconfig, &[]).await;
     assert!(

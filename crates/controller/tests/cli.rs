@@ -3,38 +3,23 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    net::TcpListener,
     process::{Command, Output, Stdio},
     time::Duration,
 };
 
-use tokio::time::Instant;
+use harness::{closed_port_kubeconfig, exit_within, wait_for_stderr_line};
 
 /// Far more than the binary needs to reject its arguments; a run that got as far as the
 /// cluster would retry a closed port for much longer than this.
 const REJECT_WITHIN: Duration = Duration::from_secs(10);
 
-/// A kubeconfig whose server is a port nobody listens on: a binary that got past its argument
-/// checks could only fail on it later and differently (exit code 1, after its "starting" log).
-fn closed_port_kubeconfig(dir: &tempfile::TempDir) -> std::path::PathBuf {
-    let port = {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let path = dir.path().join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// Runs the binary with `args` (plus a closed-port kubeconfig and a free admin port) and no
+/// Runs the binary with `args` (plus a closed-port kubeconfig, on which a binary that got past
+/// its argument checks could only fail later and differently, and a free admin port) and no
 /// identity in the environment; kills it if it is still running after [`REJECT_WITHIN`].
 fn run(args: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = closed_port_kubeconfig(&dir);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
+    let kubeconfig = closed_port_kubeconfig(dir.path());
+    let child = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["--admin-addr", "127.0.0.1:0"])
@@ -47,19 +32,13 @@ fn run(args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > REJECT_WITHIN {
-            child.kill().unwrap();
-            let output = child.wait_with_output().unwrap();
-            panic!(
-                "{args:?} was not rejected within {REJECT_WITHIN:?}; stderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    let (output, running) = exit_within(child, REJECT_WITHIN);
+    assert!(
+        !running,
+        "{args:?} was not rejected within {REJECT_WITHIN:?}; stderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
 }
 
 /// Asserts a usage error: exit code 2, exactly one `error:` line that mentions `mentions`,
@@ -253,9 +232,8 @@ fn flag_section(help: &str, flag: &str) -> Option<String> {
 /// with valid flags gets past validation and starts (and would keep retrying the cluster).
 #[test]
 fn valid_flags_get_past_validation_to_the_cluster() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = closed_port_kubeconfig(&dir);
+    let kubeconfig = closed_port_kubeconfig(dir.path());
     let mut child = Command::new(env!("CARGO_BIN_EXE_external-endpoints"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
@@ -266,26 +244,7 @@ fn valid_flags_get_past_validation_to_the_cluster() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (lines, received) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + REJECT_WITHIN;
-    let mut seen = Vec::new();
-    let started = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match received.recv_timeout(left) {
-            Ok(line) if line.contains("starting") => break true,
-            Ok(line) => seen.push(line),
-            Err(_) => break false,
-        }
-    };
+    let (started, seen) = wait_for_stderr_line(&mut child, "starting", REJECT_WITHIN);
     let still_running = child.try_wait().unwrap().is_none();
     child.kill().unwrap();
     child.wait().unwrap();

@@ -1,6 +1,7 @@
 //! End-to-end: the real `external-endpoints` binary, as separate processes, against a real
 //! kube-apiserver + etcd (the testbed). Slices are checked against the planner's view of the
 //! objects in the API, waiting on conditions with a timeout.
+#![allow(clippy::unwrap_used)] // test helpers: a panic is the failure report
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,9 +25,7 @@ fn web() -> Svc {
 async fn slices_follow_services_and_workloads() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let cluster = Cluster::new(testbed, "lifecycle").await;
-    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading(CONVERGE).await;
+    let (cluster, _replica) = led_by_a(testbed, "lifecycle").await;
 
     cluster.create_service(web()).await;
     cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
@@ -68,13 +67,7 @@ async fn slices_follow_services_and_workloads() {
 
     // A Service that loses its selector loses its slices.
     cluster.update_service(web().no_selector()).await;
-    eventually("web's slices to be deleted", CONVERGE, || async {
-        match cluster.slices_of("web").await.len() {
-            0 => Ok(()),
-            n => Err(format!("{n} slices left")),
-        }
-    })
-    .await;
+    wait_no_slices(&cluster, "web's slices to be deleted").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -83,9 +76,7 @@ async fn deleting_the_last_workload_leaves_one_empty_placeholder_slice() {
     // workload up, fail, and keep sending its address. The Service keeps its slice, emptied.
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let cluster = Cluster::new(testbed, "placeholder").await;
-    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading(CONVERGE).await;
+    let (cluster, replica) = led_by_a(testbed, "placeholder").await;
     cluster.create_service(web()).await;
     cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster.wait_converged().await;
@@ -125,13 +116,7 @@ async fn deleting_the_last_workload_leaves_one_empty_placeholder_slice() {
 
     // The Service stops being ours: the placeholder goes.
     cluster.update_service(web().no_selector()).await;
-    eventually("the placeholder to be deleted", CONVERGE, || async {
-        match cluster.slices_of("web").await.len() {
-            0 => Ok(()),
-            n => Err(format!("{n} slices left")),
-        }
-    })
-    .await;
+    wait_no_slices(&cluster, "the placeholder to be deleted").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -140,9 +125,7 @@ async fn an_identity_change_rewrites_the_slice_digest_once() {
     // slice; only a rewritten slice makes it read the new one.
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let cluster = Cluster::new(testbed, "identity").await;
-    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading(CONVERGE).await;
+    let (cluster, replica) = led_by_a(testbed, "identity").await;
     cluster.create_service(web()).await;
     cluster.apply_workload(vm("vm-1", "10.0.0.1")).await;
     cluster.apply_workload(vm("vm-2", "10.0.0.2")).await;
@@ -207,6 +190,69 @@ async fn an_identity_change_rewrites_the_slice_digest_once() {
     assert_eq!(cluster.slices_of("web").await, [after]);
 }
 
+/// A fresh namespace for the test `test`, and replica "a" watching it, once "a" leads.
+async fn led_by_a(testbed: &testbed::Testbed, test: &str) -> (Cluster, Replica) {
+    let cluster = Cluster::new(testbed, test).await;
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
+    replica.wait_leading(CONVERGE).await;
+    (cluster, replica)
+}
+
+/// Waits until `web` has no slice left; `what` names the wait.
+async fn wait_no_slices(cluster: &Cluster, what: &str) {
+    eventually(what, CONVERGE, || async {
+        match cluster.slices_of("web").await.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} slices left")),
+        }
+    })
+    .await;
+}
+
+/// Another client deletes every slice of `web`.
+async fn delete_web_slices(cluster: &Cluster) {
+    for slice in cluster.slices_of("web").await {
+        cluster
+            .slices_api()
+            .delete(&slice.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// Starts replica `identity`, which finds the slices correct: once it leads and has checked
+/// every Service, asserts that it wrote nothing.
+async fn start_finding_nothing_to_write(
+    testbed: &testbed::Testbed,
+    cluster: &Cluster,
+    identity: &str,
+) -> Replica {
+    let replica = Replica::start(BINARY, testbed, &cluster.namespace, identity, &[]).await;
+    replica.wait_leading(CONVERGE).await;
+    let what = format!("{identity} to check every Service");
+    eventually(&what, CONVERGE, || async {
+        let adds = replica
+            .metric("external_endpoints_queue_adds_total", "")
+            .await?;
+        let depth = replica.metric("external_endpoints_queue_depth", "").await?;
+        if adds >= 1.0 && depth == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("adds {adds}, depth {depth}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        replica
+            .metric("external_endpoints_slice_writes_total", "")
+            .await
+            .unwrap(),
+        0.0,
+        "{identity} wrote nothing"
+    );
+    replica
+}
+
 /// Waits until `replica` has nothing queued or in flight.
 async fn wait_idle(replica: &Replica) {
     eventually("the queue to be idle", CONVERGE, || async {
@@ -265,13 +311,8 @@ async fn reacquired_leader_recreates_slices_deleted_while_following() {
     .await;
 
     // Meanwhile a third client deletes web's slice and edits api's.
+    delete_web_slices(&cluster).await;
     let slices = cluster.slices_api();
-    for slice in cluster.slices_of("web").await {
-        slices
-            .delete(&slice.name_any(), &DeleteParams::default())
-            .await
-            .unwrap();
-    }
     let mut edited = cluster.slices_of("api").await.remove(0);
     edited.endpoints = Some(Vec::new());
     slices
@@ -313,33 +354,10 @@ async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
     assert_eq!(cluster.lease_holder().await, None, "the lease is released");
 
     // B's first term never wrote these slices; they are correct, so it writes nothing.
-    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
-    b.wait_leading(CONVERGE).await;
-    eventually("b to check every Service", CONVERGE, || async {
-        let adds = b.metric("external_endpoints_queue_adds_total", "").await?;
-        let depth = b.metric("external_endpoints_queue_depth", "").await?;
-        if adds >= 1.0 && depth == 0.0 {
-            Ok(())
-        } else {
-            Err(format!("adds {adds}, depth {depth}"))
-        }
-    })
-    .await;
-    assert_eq!(
-        b.metric("external_endpoints_slice_writes_total", "")
-            .await
-            .unwrap(),
-        0.0
-    );
+    let b = start_finding_nothing_to_write(testbed, &cluster, "b").await;
 
     // Someone else deletes the slice: B re-creates it.
-    for slice in cluster.slices_of("web").await {
-        cluster
-            .slices_api()
-            .delete(&slice.name_any(), &DeleteParams::default())
-            .await
-            .unwrap();
-    }
+    delete_web_slices(&cluster).await;
     cluster.wait_converged().await;
     assert_eq!(cluster.slices_of("web").await.len(), 1);
     let creates = b
@@ -356,9 +374,7 @@ async fn managed_slice_deleted_by_another_client_is_recreated_by_a_new_term() {
 async fn zone_hints_follow_traffic_distribution_and_workload_zones() {
     let testbed = testbed::require!();
     let _logs = testbed.log_guard();
-    let cluster = Cluster::new(testbed, "zone-hints").await;
-    let replica = Replica::start(BINARY, testbed, &cluster.namespace, "a", &[]).await;
-    replica.wait_leading(CONVERGE).await;
+    let (cluster, replica) = led_by_a(testbed, "zone-hints").await;
 
     // The API server (1.37, the field is GA) keeps trafficDistribution as sent.
     let created = cluster
@@ -411,24 +427,7 @@ async fn zone_hints_follow_traffic_distribution_and_workload_zones() {
         "{}",
         replica.log()
     );
-    let b = Replica::start(BINARY, testbed, &cluster.namespace, "b", &[]).await;
-    b.wait_leading(CONVERGE).await;
-    eventually("b to check every Service", CONVERGE, || async {
-        let adds = b.metric("external_endpoints_queue_adds_total", "").await?;
-        let depth = b.metric("external_endpoints_queue_depth", "").await?;
-        if adds >= 1.0 && depth == 0.0 {
-            Ok(())
-        } else {
-            Err(format!("adds {adds}, depth {depth}"))
-        }
-    })
-    .await;
-    assert_eq!(
-        b.metric("external_endpoints_slice_writes_total", "")
-            .await
-            .unwrap(),
-        0.0
-    );
+    let _b = start_finding_nothing_to_write(testbed, &cluster, "b").await;
 
     // The field removed: every hint goes.
     cluster.update_service(web()).await;

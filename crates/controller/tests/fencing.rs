@@ -108,6 +108,36 @@ async fn delete(client: &Client, namespace: &str, name: &str) -> Result<(), kube
         .map(|_| ())
 }
 
+/// Replica A's and replica B's clients, with A holding the Lease and the fencing policy
+/// installed for `cluster`'s namespace (the API server may not enforce it yet: see
+/// [`wait_until_in_force`]).
+async fn clients_with_a_holding(testbed: &testbed::Testbed, cluster: &Cluster) -> (Client, Client) {
+    let (a, b) = (
+        client_as(testbed, REPLICA_A).await,
+        client_as(testbed, REPLICA_B).await,
+    );
+    set_holder(cluster, REPLICA_A).await;
+    install_policy(&cluster.client, &cluster.namespace).await;
+    (a, b)
+}
+
+/// Waits until the API server enforces the policy in `cluster`'s namespace: it refuses a probe
+/// slice created by the non-holder `b` (a probe it lets through is deleted again). `what`
+/// names the wait.
+async fn wait_until_in_force(cluster: &Cluster, b: &Client, what: &str) {
+    let ns = &cluster.namespace;
+    eventually(what, CONVERGE, || async {
+        match create(b, ns, "probe").await {
+            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
+            other => {
+                let _ = delete(&cluster.client, ns, "probe").await;
+                Err(format!("{other:?}"))
+            }
+        }
+    })
+    .await;
+}
+
 fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
     match result {
         Err(error) => is_fencing_policy_denial(&error),
@@ -121,24 +151,10 @@ async fn policy_refuses_every_writer_but_the_lease_holder_and_follows_the_lease(
     let _logs = testbed.log_guard();
     let cluster = Cluster::new(testbed, "fencing-policy").await;
     let ns = cluster.namespace.clone();
-    let (a, b) = (
-        client_as(testbed, REPLICA_A).await,
-        client_as(testbed, REPLICA_B).await,
-    );
-    set_holder(&cluster, REPLICA_A).await;
-    install_policy(&cluster.client, &ns).await;
+    let (a, b) = clients_with_a_holding(testbed, &cluster).await;
 
     // The API server loads a new policy asynchronously: wait until it refuses B.
-    eventually("the policy refuses a non-holder", CONVERGE, || async {
-        match create(&b, &ns, "probe").await {
-            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
-            other => {
-                let _ = delete(&cluster.client, &ns, "probe").await;
-                Err(format!("{other:?}"))
-            }
-        }
-    })
-    .await;
+    wait_until_in_force(&cluster, &b, "the policy refuses a non-holder").await;
 
     // The holder writes; the non-holder's create, update and delete are all refused.
     create(&a, &ns, "web-1").await.unwrap();
@@ -236,24 +252,10 @@ async fn policy_cost_per_slice_update() {
         .fresh_namespace("fencing-cost-unbound")
         .await
         .unwrap();
-    let (a, b) = (
-        client_as(testbed, REPLICA_A).await,
-        client_as(testbed, REPLICA_B).await,
-    );
-    set_holder(&cluster, REPLICA_A).await;
-    install_policy(&cluster.client, &ns).await;
+    let (a, b) = clients_with_a_holding(testbed, &cluster).await;
     create(&a, &ns, "web-1").await.unwrap();
     create(&a, &unbound, "web-1").await.unwrap();
-    eventually("the policy is in force", CONVERGE, || async {
-        match create(&b, &ns, "probe").await {
-            Err(error) if is_fencing_policy_denial(&error) => Ok(()),
-            other => {
-                let _ = delete(&cluster.client, &ns, "probe").await;
-                Err(format!("{other:?}"))
-            }
-        }
-    })
-    .await;
+    wait_until_in_force(&cluster, &b, "the policy is in force").await;
     // Outside the binding's namespace the policy refuses nothing.
     create(&b, &unbound, "probe").await.unwrap();
 

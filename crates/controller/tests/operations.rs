@@ -531,15 +531,7 @@ async fn operations_guide_lists_every_metric_served() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replica_that_cannot_sync_is_live_but_not_ready() {
     let dir = tempfile::tempdir().unwrap();
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let kubeconfig = dir.path().join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
-    );
-    std::fs::write(&kubeconfig, text).unwrap();
+    let kubeconfig = harness::closed_port_kubeconfig(dir.path());
     let replica = Replica::start_with(BINARY, &kubeconfig, "unsynced", &[]).await;
     // Several scrapes over the watches' first retries: never ready, always live.
     for _ in 0..5 {

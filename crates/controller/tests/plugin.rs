@@ -6,14 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers: a panic is the failure report
 
 use std::{
-    io::{BufRead, BufReader},
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::Duration,
 };
 
-use tokio::time::Instant;
+use harness::{closed_port_kubeconfig, exit_within, wait_for_stderr_line};
 
 /// Far more than printing help takes; a replica would still be running after it.
 const WITHIN: Duration = Duration::from_secs(10);
@@ -27,27 +25,11 @@ fn plugin_dir() -> (tempfile::TempDir, PathBuf) {
     (dir, plugin)
 }
 
-/// A kubeconfig whose server is a closed port: a replica started with it logs "starting" and
-/// keeps retrying; the tools fail fast on it.
-fn closed_port_kubeconfig(dir: &Path) -> PathBuf {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let path = dir.join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 /// Runs `program args` with everything a replica needs to start (a kubeconfig in KUBECONFIG,
 /// an identity in POD_NAME, a free admin port) until it exits or `WITHIN` passes. Returns its
 /// output and whether it was still running (then killed).
 fn run(program: &Path, args: &[&str], kubeconfig: &Path) -> (Output, bool) {
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", "operator-laptop")
@@ -57,19 +39,7 @@ fn run(program: &Path, args: &[&str], kubeconfig: &Path) -> (Output, bool) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let mut running = true;
-    while started.elapsed() < WITHIN {
-        if child.try_wait().unwrap().is_some() {
-            running = false;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if running {
-        child.kill().unwrap();
-    }
-    (child.wait_with_output().unwrap(), running)
+    exit_within(child, WITHIN)
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -117,25 +87,7 @@ fn run_as_plugin_and_the_bare_binary_start_a_replica() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (lines, received) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + WITHIN;
-        let mut seen = Vec::new();
-        let started = loop {
-            match received.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) if line.contains("starting") => break true,
-                Ok(line) => seen.push(line),
-                Err(_) => break false,
-            }
-        };
+        let (started, seen) = wait_for_stderr_line(&mut child, "starting", WITHIN);
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(

@@ -14,7 +14,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`poll`](mod@poll) | [`eventually`] / [`poll()`]: wait for a condition, never a sleep |
-//! | [`replica`] | [`Replica`]: one controller process; [`ReplicaSpec`] for the benches |
+//! | [`replica`] | [`Replica`]: one controller process; [`ReplicaSpec`] for the benches; [`closed_port_kubeconfig`], [`exit_within`], [`wait_for_stderr_line`] |
 //! | [`metrics`] | [`Metrics`], [`sum_metric`]: Prometheus text |
 //! | [`http`] | [`http_get`]: a plain HTTP/1.1 GET |
 //! | [`cluster`] | [`Cluster`]: the objects of one test namespace |
@@ -40,4 +40,7 @@ pub use cluster::Cluster;
 pub use http::http_get;
 pub use metrics::{Metrics, sum_metric};
 pub use poll::{CONVERGE, eventually, poll};
-pub use replica::{Binary, LEASE, LEASE_ARGS, Replica, ReplicaSpec};
+pub use replica::{
+    Binary, LEASE, LEASE_ARGS, Replica, ReplicaSpec, closed_port_kubeconfig, exit_within,
+    wait_for_stderr_line,
+};

@@ -30,6 +30,74 @@ pub const LEASE_ARGS: [&str; 6] = [
 /// Name of the Lease the e2e replicas share (one per test namespace).
 pub const LEASE: &str = "e2e-lease";
 
+/// Writes into `dir` a kubeconfig whose server is a port nobody listens on (one just bound and
+/// let go, on 127.0.0.1), for an anonymous user, and returns its path. A replica started with it
+/// logs "starting" and keeps retrying; the tools fail fast on it.
+pub fn closed_port_kubeconfig(dir: &Path) -> PathBuf {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: closed\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: closed\n  context:\n    cluster: closed\n    user: nobody\ncurrent-context: closed\nusers:\n- name: nobody\n  user: {{}}\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Waits until `child` exits or `within` has passed, and kills it if it is still running then.
+/// Returns its output (what it piped) and whether it had to be killed.
+pub fn exit_within(
+    mut child: std::process::Child,
+    within: Duration,
+) -> (std::process::Output, bool) {
+    let started = tokio::time::Instant::now();
+    let mut running = true;
+    while started.elapsed() < within {
+        if child.try_wait().unwrap().is_some() {
+            running = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if running {
+        child.kill().unwrap();
+    }
+    (child.wait_with_output().unwrap(), running)
+}
+
+/// Reads the piped stderr of `child` (on a thread of its own) until a line contains `needle` or
+/// `within` has passed. Returns whether such a line came, and the lines before it.
+pub fn wait_for_stderr_line(
+    child: &mut std::process::Child,
+    needle: &str,
+    within: Duration,
+) -> (bool, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let stderr = child.stderr.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match received.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return (true, seen),
+            Ok(line) => seen.push(line),
+            Err(_) => return (false, seen),
+        }
+    }
+}
+
 /// The controller binary to run. Only the package's own tests and benches know its path, so
 /// each passes it: `Binary(env!("CARGO_BIN_EXE_external-endpoints"))`.
 #[derive(Clone, Copy, Debug)]

@@ -10,48 +10,20 @@
 
 mod support;
 
-use std::{ffi::OsStr, path::PathBuf, time::Duration};
-
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Client, ResourceExt,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
 };
-use tokio::time::Instant;
 
-use support::{Replica, WAIT, example_binary, transcript};
-
-/// Short lease timings, so that a crash is taken over in seconds.
-const TIMINGS: [&str; 6] = [
-    "--lease-duration",
-    "4s",
-    "--renew-deadline",
-    "3s",
-    "--retry-period",
-    "1s",
-];
-
-/// One namespace holding the Lease and the ConfigMaps, labelled with a key of its own.
-struct World {
-    client: Client,
-    kubeconfig: PathBuf,
-    namespace: String,
-    label: String,
-}
+use support::{Replica, TIMINGS, World, transcript, wait_for_value};
 
 // === impl World ===
 
 impl World {
     /// A fresh namespace whose label (a key unique to this test) is `value`.
     async fn new(testbed: &testbed::Testbed, test: &str, value: &str) -> Self {
-        let client = testbed.client().await.unwrap();
-        let namespace = testbed.fresh_namespace(test).await.unwrap();
-        let world = Self {
-            client,
-            kubeconfig: testbed.kubeconfig_path().to_path_buf(),
-            label: format!("labels.example/{namespace}"),
-            namespace,
-        };
+        let world = Self::create(testbed, test, "labels.example").await;
         world.label_namespace(value).await;
         world
     }
@@ -68,22 +40,8 @@ impl World {
             .unwrap();
     }
 
-    fn config_maps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.namespace)
-    }
-
     async fn create_config_map(&self, name: &str) {
-        let config_map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        self.config_maps()
-            .create(&PostParams::default(), &config_map)
-            .await
-            .unwrap();
+        self.create_config_map_labelled(name, &[]).await;
     }
 
     async fn delete_config_map(&self, name: &str) {
@@ -101,34 +59,27 @@ impl World {
 
     /// Waits until ConfigMap `name` carries the label with `value` in the API.
     async fn wait_labelled(&self, name: &str, value: &str, replicas: &[&Replica]) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if self.label_of(name).await.as_deref() == Some(value) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name} never got {}={value}\n{}",
-                self.label,
-                transcript(replicas)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let failure = format!("{name} never got {}={value}", self.label);
+        wait_for_value(&failure, replicas, || async {
+            (self.label_of(name).await.as_deref() == Some(value)).then_some(())
+        })
+        .await;
     }
 
     /// Starts a replica of the example with `identity`, competing for the Lease in this
     /// namespace; `extra` flags are appended.
     async fn start(&self, identity: &str, extra: &[&str]) -> Replica {
-        let mut args: Vec<&OsStr> = vec!["--kubeconfig".as_ref(), self.kubeconfig.as_ref()];
-        for arg in ["--identity", identity, "--lease-namespace", &self.namespace]
-            .into_iter()
-            .chain(["--label", &self.label])
-            .chain(TIMINGS)
-            .chain(extra.iter().copied())
-        {
-            args.push(arg.as_ref());
-        }
-        Replica::spawn(identity, &example_binary("namespace_labels"), &args)
+        let mut args = vec![
+            "--identity",
+            identity,
+            "--lease-namespace",
+            &self.namespace,
+            "--label",
+            &self.label,
+        ];
+        args.extend(TIMINGS);
+        args.extend(extra);
+        self.start_example("namespace_labels", identity, &args)
     }
 }
 

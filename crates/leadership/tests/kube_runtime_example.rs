@@ -10,97 +10,47 @@
 
 mod support;
 
-use std::{ffi::OsStr, path::PathBuf, time::Duration};
+use kube::ResourceExt;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api, Client, ResourceExt,
-    api::{ObjectMeta, PostParams},
-};
-use tokio::time::Instant;
-
-use support::{Replica, WAIT, example_binary, transcript};
+use support::{Replica, TIMINGS, World, transcript, wait_for_value};
 
 /// The annotation the example writes.
 const STAMP: &str = "example.com/stamped-by";
-
-/// One namespace holding the Lease and the ConfigMaps.
-struct World {
-    client: Client,
-    kubeconfig: PathBuf,
-    namespace: String,
-    label: String,
-}
 
 // === impl World ===
 
 impl World {
     async fn new(testbed: &testbed::Testbed, test: &str) -> Self {
-        let namespace = testbed.fresh_namespace(test).await.unwrap();
-        Self {
-            client: testbed.client().await.unwrap(),
-            kubeconfig: testbed.kubeconfig_path().to_path_buf(),
-            label: format!("stamp.example/{namespace}"),
-            namespace,
-        }
-    }
-
-    fn config_maps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.namespace)
+        Self::create(testbed, test, "stamp.example").await
     }
 
     /// Creates a ConfigMap carrying the label the example selects.
     async fn create_config_map(&self, name: &str) {
-        let config_map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                labels: Some([(self.label.clone(), "yes".to_string())].into()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        self.config_maps()
-            .create(&PostParams::default(), &config_map)
-            .await
-            .unwrap();
+        self.create_config_map_labelled(name, &[(self.label.as_str(), "yes")])
+            .await;
     }
 
     /// Waits until ConfigMap `name` is stamped; returns the stamp (`identity/term`).
     async fn wait_stamped(&self, name: &str, replicas: &[&Replica]) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        let failure = format!("{name} was never stamped");
+        wait_for_value(&failure, replicas, || async {
             let config_map = self.config_maps().get_opt(name).await.unwrap();
-            if let Some(stamp) = config_map.and_then(|cm| cm.annotations().get(STAMP).cloned()) {
-                return stamp;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name} was never stamped\n{}",
-                transcript(replicas)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            config_map.and_then(|cm| cm.annotations().get(STAMP).cloned())
+        })
+        .await
     }
 
     fn start(&self, identity: &str) -> Replica {
-        let mut args: Vec<&OsStr> = vec!["--kubeconfig".as_ref(), self.kubeconfig.as_ref()];
-        for arg in [
+        let mut args = vec![
             "--identity",
             identity,
             "--namespace",
             &self.namespace,
             "--label",
             &self.label,
-            "--lease-duration",
-            "4s",
-            "--renew-deadline",
-            "3s",
-            "--retry-period",
-            "1s",
-        ] {
-            args.push(arg.as_ref());
-        }
-        Replica::spawn(identity, &example_binary("kube_runtime_controller"), &args)
+        ];
+        args.extend(TIMINGS);
+        self.start_example("kube_runtime_controller", identity, &args)
     }
 }
 

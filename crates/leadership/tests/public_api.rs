@@ -173,11 +173,7 @@ fn public_modules(lib: &str) -> Vec<String> {
 /// Names re-exported with `pub use` (the last segment, or the `as` rename).
 fn exported_names(text: &str) -> HashSet<String> {
     let mut names = HashSet::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("pub use ") {
-        let after = &rest[start + "pub use ".len()..];
-        let end = after.find(';').unwrap();
-        let list = &after[..end];
+    for list in pub_use_statements(text) {
         for part in list.split([',', '{', '}']) {
             let part = part.trim();
             if part.is_empty() || part.ends_with("::") {
@@ -191,7 +187,6 @@ fn exported_names(text: &str) -> HashSet<String> {
                 names.insert(name.to_string());
             }
         }
-        rest = &after[end..];
     }
     for line in text.lines() {
         let line = line.trim_start();
@@ -212,20 +207,29 @@ fn exported_names(text: &str) -> HashSet<String> {
 /// `crate::` or `super::`).
 fn foreign_reexports(text: &str) -> Vec<String> {
     let mut paths = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("pub use ") {
-        let after = &rest[start + "pub use ".len()..];
-        let end = after.find(';').unwrap();
-        let path: String = after[..end].split_whitespace().collect();
+    for statement in pub_use_statements(text) {
+        let path: String = statement.split_whitespace().collect();
         if !["self::", "crate::", "super::"]
             .iter()
             .any(|local| path.starts_with(local))
         {
             paths.push(path);
         }
-        rest = &after[end..];
     }
     paths
+}
+
+/// What every `pub use` statement of `text` says, between `pub use ` and its `;`.
+fn pub_use_statements(text: &str) -> Vec<&str> {
+    let mut statements = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("pub use ") {
+        let after = &rest[start + "pub use ".len()..];
+        let end = after.find(';').unwrap();
+        statements.push(&after[..end]);
+        rest = &after[end..];
+    }
+    statements
 }
 
 /// Everything before the inline `#[cfg(test)] mod tests { ... }` module, if any.
@@ -443,50 +447,43 @@ fn open_block(line: &str) -> Block {
 
 /// The type an `impl` line is for: `impl<K> Foo<K> {` → Foo, `impl Clone for Foo {` → Foo.
 fn impl_self_type(line: &str) -> String {
-    let mut rest = line.strip_prefix("impl").unwrap();
-    if rest.starts_with('<') {
-        let mut depth = 0;
-        for (at, c) in rest.char_indices() {
-            match c {
-                '<' => depth += 1,
-                '>' => depth -= 1,
-                _ => {}
-            }
-            if depth == 0 {
-                rest = &rest[at + 1..];
-                break;
-            }
-        }
-    }
+    let rest = past_generics(line.strip_prefix("impl").unwrap());
     let rest = match rest.split_once(" for ") {
         Some((_, self_type)) => self_type,
         None => rest,
     };
-    rest.trim()
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect()
+    leading_name(rest)
 }
 
 /// The trait an `impl … for` line implements: `impl<K> WatchApi for Api<K>` → WatchApi.
 fn impl_trait_name(line: &str) -> String {
     let before_for = line.split(" for ").next().unwrap_or_default();
-    let mut rest = before_for.strip_prefix("impl").unwrap_or_default();
-    if rest.starts_with('<') {
+    leading_name(past_generics(
+        before_for.strip_prefix("impl").unwrap_or_default(),
+    ))
+}
+
+/// `text` past the generic parameters it starts with, if any: `<K: Clone> Foo<K>` → ` Foo<K>`.
+fn past_generics(text: &str) -> &str {
+    if text.starts_with('<') {
         let mut depth = 0;
-        for (at, c) in rest.char_indices() {
+        for (at, c) in text.char_indices() {
             match c {
                 '<' => depth += 1,
                 '>' => depth -= 1,
                 _ => {}
             }
             if depth == 0 {
-                rest = &rest[at + 1..];
-                break;
+                return &text[at + 1..];
             }
         }
     }
-    rest.trim()
+    text
+}
+
+/// The name `text` starts with, after any spaces: ` Foo<K> {` → Foo.
+fn leading_name(text: &str) -> String {
+    text.trim()
         .chars()
         .take_while(|c| c.is_alphanumeric() || *c == '_')
         .collect()

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sim::reference::{Rule, Rules, judge};
 use slices::{
     Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, plan_slices,
-    testing::{SliceStore, Svc, Workload, time},
+    testing::{ServiceShape, SliceStore, Svc, Workload, WorkloadShape, time},
 };
 
 /// The digest of vm-1 alone, of vm-1 and vm-2, and of vm-2 alone, with the builders' default identities,
@@ -466,19 +466,6 @@ fn slices_of_another_manager_or_service_are_not_judged() {
 
 // === the planner against the reference ===
 
-/// A workload as generated: labels decide selection, the rest its endpoints.
-#[derive(Clone, Debug)]
-struct Shape {
-    app: &'static str,
-    other_namespace: bool,
-    ips: Vec<&'static str>,
-    ports: Vec<(&'static str, i32, Option<&'static str>)>,
-    ready: bool,
-    terminating: bool,
-    zone: Option<&'static str>,
-    identity: Option<&'static str>,
-}
-
 const IPS: &[&str] = &[
     "10.0.0.1",
     "10.0.0.2",
@@ -490,7 +477,7 @@ const IPS: &[&str] = &[
     "10.0.0.256",
 ];
 
-fn shape() -> impl Strategy<Value = Shape> {
+fn shape() -> impl Strategy<Value = WorkloadShape> {
     (
         prop::sample::select(&["web", "web", "web", "other"][..]),
         prop::bool::weighted(0.1),
@@ -509,53 +496,34 @@ fn shape() -> impl Strategy<Value = Shape> {
         prop::option::weighted(0.2, prop::sample::select(&["rotated-1", "rotated-2"][..])),
     )
         .prop_map(
-            |(app, other_namespace, ips, ports, ready, terminating, zone, identity)| Shape {
-                app,
-                other_namespace,
-                ips,
-                ports,
-                ready,
-                terminating,
-                zone,
-                identity,
+            |(app, other_namespace, ips, ports, ready, terminating, zone, identity)| {
+                WorkloadShape {
+                    app,
+                    other_namespace,
+                    ips,
+                    // Port 0 is out of range: a named targetPort resolving to it is left out.
+                    ports: (ports.into_iter())
+                        .map(|(name, offset, protocol)| {
+                            (name, if offset == 0 { 0 } else { 8000 + offset }, protocol)
+                        })
+                        .collect(),
+                    ready,
+                    terminating,
+                    zone,
+                    identity,
+                }
             },
         )
 }
 
-fn workload(index: usize, shape: &Shape) -> ExternalWorkload {
+fn workload(index: usize, shape: &WorkloadShape) -> ExternalWorkload {
     // Some names are not DNS labels (a headless Service leaves their hostname out).
     let name = if index % 7 == 6 {
         format!("VM.{index}")
     } else {
         format!("vm-{index:02}")
     };
-    let mut builder = Workload::named(&name).label("app", shape.app);
-    if shape.other_namespace {
-        builder = builder.namespace("elsewhere");
-    }
-    for ip in &shape.ips {
-        builder = builder.ip(ip);
-    }
-    for (name, offset, protocol) in &shape.ports {
-        // Port 0 is out of range: a named targetPort resolving to it is left out.
-        let port = if *offset == 0 { 0 } else { 8000 + offset };
-        builder = builder.port_with_protocol(name, port, *protocol);
-    }
-    builder = if shape.ready {
-        builder.ready()
-    } else {
-        builder.not_ready()
-    };
-    if shape.terminating {
-        builder = builder.terminating();
-    }
-    if let Some(zone) = shape.zone {
-        builder = builder.zone(zone);
-    }
-    if let Some(identity) = shape.identity {
-        builder = builder.identity(identity);
-    }
-    builder.build()
+    shape.build(&name)
 }
 
 fn service() -> impl Strategy<Value = Service> {
@@ -585,38 +553,24 @@ fn service() -> impl Strategy<Value = Service> {
     )
         .prop_map(
             |(families, headless, publish, team, selection, distribution, mode, udp, uid)| {
-                let mut builder = Svc::named("web")
+                let options = ServiceShape {
+                    families,
+                    headless,
+                    publish_not_ready: publish,
+                    team_label: team,
+                    traffic_distribution: distribution,
+                    topology_mode: mode,
+                    selection,
+                };
+                let mut base = Svc::named("web")
                     .uid(&format!("uid-svc-{uid}"))
                     .selector("app", "web")
                     .port("http", 80, "http")
                     .port("raw", 82, 9000);
                 if udp {
-                    builder = builder.port("dns", 53, "dns").protocol("UDP");
+                    base = base.port("dns", 53, "dns").protocol("UDP");
                 }
-                if !families.is_empty() {
-                    builder = builder.families(&families);
-                }
-                if headless {
-                    builder = builder.headless();
-                }
-                if publish {
-                    builder = builder.publish_not_ready();
-                }
-                if team {
-                    builder = builder.label("team", "a");
-                }
-                if let Some(distribution) = distribution {
-                    builder = builder.traffic_distribution(distribution);
-                }
-                if let Some(mode) = mode {
-                    builder = builder.annotation("service.kubernetes.io/topology-mode", mode);
-                }
-                match selection {
-                    "none" => builder = builder.no_selector(),
-                    "external-name" => builder = builder.external_name(),
-                    _ => {}
-                }
-                builder.build()
+                options.apply(base).build()
             },
         )
 }
@@ -650,7 +604,7 @@ fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<Endp
                     let before = shapes
                         .iter()
                         .zip(rotated.iter().chain(std::iter::repeat(&false)))
-                        .map(|(shape, rotated)| Shape {
+                        .map(|(shape, rotated)| WorkloadShape {
                             identity: if *rotated {
                                 Some("earlier")
                             } else {
@@ -668,22 +622,8 @@ fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<Endp
                     .enumerate()
                     .map(|(i, s)| workload(i, s))
                     .collect();
-                let refs: Vec<_> = before.iter().collect();
-                let mut store = SliceStore::default();
-                store.apply(&plan_slices(
-                    &earlier,
-                    &refs,
-                    &[],
-                    &config(earlier_max),
-                    &time(1),
-                ));
-                let existing = store
-                    .slices()
-                    .into_iter()
-                    .zip(lost.iter().chain(std::iter::repeat(&false)))
-                    .filter(|(_, lost)| !**lost)
-                    .map(|(slice, _)| slice.clone())
-                    .collect();
+                let existing =
+                    SliceStore::converged_less_lost(&earlier, &before, &config(earlier_max), &lost);
                 (now, workloads, existing, max)
             },
         )

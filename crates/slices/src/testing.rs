@@ -11,6 +11,9 @@
 //!
 //! [`SliceStore`] plays the API server for plans: it names created slices and bumps
 //! resourceVersion and generation the way the server does.
+//!
+//! [`WorkloadShape`] and [`ServiceShape`] are a workload and a Service's options as property
+//! tests generate them, field by field.
 
 use std::collections::BTreeMap;
 
@@ -24,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::{SlicePlan, Write};
+use crate::{Config, SlicePlan, Write};
 
 /// Namespace the builders use unless told otherwise.
 pub const NAMESPACE: &str = "default";
@@ -362,6 +365,112 @@ impl From<Workload> for ExternalWorkload {
     }
 }
 
+/// A workload as property tests generate it: its `app` label decides selection, the rest its
+/// endpoint. [`WorkloadShape::build`] makes the workload.
+#[derive(Clone, Debug)]
+pub struct WorkloadShape {
+    /// The value of its `app` label.
+    pub app: &'static str,
+    /// In the namespace `elsewhere` rather than [`NAMESPACE`].
+    pub other_namespace: bool,
+    /// Its addresses, in order (any text: invalid ones are for tests of invalid data).
+    pub ips: Vec<&'static str>,
+    /// Its ports: (name, port, protocol).
+    pub ports: Vec<(&'static str, i32, Option<&'static str>)>,
+    /// Ready condition `True`, else `False`.
+    pub ready: bool,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Its zone, if any.
+    pub zone: Option<&'static str>,
+    /// A mesh identity other than the name-derived default (a rotation).
+    pub identity: Option<&'static str>,
+}
+
+// === impl WorkloadShape ===
+
+impl WorkloadShape {
+    /// The workload `name` of this shape.
+    pub fn build(&self, name: &str) -> ExternalWorkload {
+        let mut builder = Workload::named(name).label("app", self.app);
+        if self.other_namespace {
+            builder = builder.namespace("elsewhere");
+        }
+        for ip in &self.ips {
+            builder = builder.ip(ip);
+        }
+        for (port_name, port, protocol) in &self.ports {
+            builder = builder.port_with_protocol(port_name, *port, *protocol);
+        }
+        builder = if self.ready {
+            builder.ready()
+        } else {
+            builder.not_ready()
+        };
+        if self.terminating {
+            builder = builder.terminating();
+        }
+        if let Some(zone) = self.zone {
+            builder = builder.zone(zone);
+        }
+        if let Some(identity) = self.identity {
+            builder = builder.identity(identity);
+        }
+        builder.build()
+    }
+}
+
+/// The options of a Service as property tests generate them; [`ServiceShape::apply`] sets them
+/// on a Service's builder (its name, selector and ports are each test's own).
+#[derive(Clone, Debug)]
+pub struct ServiceShape {
+    /// Its `ipFamilies`; none set when empty.
+    pub families: Vec<&'static str>,
+    /// Headless (`clusterIP: None`).
+    pub headless: bool,
+    /// `publishNotReadyAddresses: true`.
+    pub publish_not_ready: bool,
+    /// With the label `team: a` (labels are copied to the slices).
+    pub team_label: bool,
+    /// Its `trafficDistribution`, if any.
+    pub traffic_distribution: Option<&'static str>,
+    /// Its `service.kubernetes.io/topology-mode` annotation, if any.
+    pub topology_mode: Option<&'static str>,
+    /// `"none"`: its selector removed; `"external-name"`: type ExternalName; else as built.
+    pub selection: &'static str,
+}
+
+// === impl ServiceShape ===
+
+impl ServiceShape {
+    /// `service` with these options set.
+    pub fn apply(&self, mut service: Svc) -> Svc {
+        if !self.families.is_empty() {
+            service = service.families(&self.families);
+        }
+        if self.headless {
+            service = service.headless();
+        }
+        if self.publish_not_ready {
+            service = service.publish_not_ready();
+        }
+        if self.team_label {
+            service = service.label("team", "a");
+        }
+        if let Some(distribution) = self.traffic_distribution {
+            service = service.traffic_distribution(distribution);
+        }
+        if let Some(mode) = self.topology_mode {
+            service = service.annotation(crate::TOPOLOGY_MODE_ANNOTATION, mode);
+        }
+        match self.selection {
+            "none" => service.no_selector(),
+            "external-name" => service.external_name(),
+            _ => service,
+        }
+    }
+}
+
 // === impl SliceStore ===
 
 impl SliceStore {
@@ -373,6 +482,33 @@ impl SliceStore {
             store.slices.insert(name, slice);
         }
         store
+    }
+
+    /// The slices the planner writes from scratch for `service` and `workloads` under `config`
+    /// (at [`time`] 1), less those whose flag in `lost` is set: someone else deleted them.
+    /// Slices past the end of `lost` are kept.
+    pub fn converged_less_lost(
+        service: &Service,
+        workloads: &[ExternalWorkload],
+        config: &Config,
+        lost: &[bool],
+    ) -> Vec<EndpointSlice> {
+        let workloads: Vec<&ExternalWorkload> = workloads.iter().collect();
+        let mut store = Self::default();
+        store.apply(&crate::plan_slices(
+            service,
+            &workloads,
+            &[],
+            config,
+            &time(1),
+        ));
+        store
+            .slices()
+            .into_iter()
+            .zip(lost.iter().chain(std::iter::repeat(&false)))
+            .filter(|(_, lost)| !**lost)
+            .map(|(slice, _)| slice.clone())
+            .collect()
     }
 
     /// The slices, by name.

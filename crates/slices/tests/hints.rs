@@ -7,9 +7,9 @@ mod common;
 
 use common::{Case, converge, plan, run};
 use k8s_openapi::api::discovery::v1::{EndpointHints, EndpointSlice, ForNode, ForZone};
-use slices::testing::{SliceStore, vm, web};
+use slices::testing::{SliceStore, Svc, vm, web};
 use slices::{
-    CachedService, CachedSlice, Config, DEPRECATED_TOPOLOGY_HINTS_ANNOTATION,
+    CachedService, CachedSlice, Config, DEPRECATED_TOPOLOGY_HINTS_ANNOTATION, SlicePlan,
     TOPOLOGY_MODE_ANNOTATION, TrafficDistribution,
 };
 
@@ -89,42 +89,71 @@ fn two_zones() -> Vec<api::v1beta1::ExternalWorkload> {
     ]
 }
 
+/// `web` with `trafficDistribution: PreferSameZone`.
+fn zoned() -> Svc {
+    web().traffic_distribution("PreferSameZone")
+}
+
+/// The case `rule`: [`two_zones`] planned from scratch under `service`, each endpoint hinted
+/// for its own zone.
+fn each_hinted_for_its_zone(rule: &'static str, service: Svc) -> Case {
+    Case::new(rule, service, two_zones(), |p, _| {
+        ensure_hints(&p.creates, &each_in_its_own_zone())
+    })
+}
+
+/// The case `rule`: [`two_zones`] planned from scratch under `service`, no endpoint hinted.
+fn none_hinted(rule: &'static str, service: Svc) -> Case {
+    Case::new(rule, service, two_zones(), |p, _| {
+        ensure_hints(&p.creates, &neither_hinted())
+    })
+}
+
+/// Every slice that existed is updated in place: no create, no delete, one update each.
+fn ensure_updated_in_place(p: &SlicePlan, existing: &[&EndpointSlice]) -> Result<(), String> {
+    ensure!(
+        p.creates.is_empty() && p.deletes.is_empty() && p.updates.len() == existing.len(),
+        "every slice updated in place"
+    );
+    Ok(())
+}
+
+/// A foreign hint object for the zone `zone` alone.
+fn zone_hint(zone: &str) -> EndpointHints {
+    EndpointHints {
+        for_zones: Some(vec![ForZone {
+            name: zone.to_owned(),
+        }]),
+        for_nodes: None,
+    }
+}
+
 #[test]
 fn which_endpoints_are_hinted() {
     run(vec![
-        Case::new(
+        each_hinted_for_its_zone(
             "prefer_same_zone_hints_each_ready_endpoint_for_its_own_zone",
-            web().traffic_distribution("PreferSameZone"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
+            zoned(),
         ),
-        Case::new(
+        each_hinted_for_its_zone(
             "prefer_close_hints_like_prefer_same_zone",
             web().traffic_distribution("PreferClose"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
         ),
-        Case::new(
+        each_hinted_for_its_zone(
             "prefer_same_node_hints_zones_only_as_external_workloads_have_no_node",
             web().traffic_distribution("PreferSameNode"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
         ),
-        Case::new(
+        none_hinted(
             "service_without_traffic_distribution_writes_no_hints",
             web(),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &neither_hinted()),
         ),
-        Case::new(
+        none_hinted(
             "unknown_traffic_distribution_value_writes_no_hints",
             web().traffic_distribution("PreferSameGalaxy"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &neither_hinted()),
         ),
         Case::new(
             "endpoint_without_zone_gets_no_hint_and_the_others_in_its_slice_keep_theirs",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").zone("zone-a").build(),
                 vm("vm-nowhere", "10.0.0.3").build(),
@@ -142,7 +171,7 @@ fn which_endpoints_are_hinted() {
         ),
         Case::new(
             "not_ready_and_terminating_endpoints_get_no_hint",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").zone("zone-a").build(),
                 vm("vm-down", "10.0.0.2").zone("zone-a").not_ready().build(),
@@ -164,9 +193,7 @@ fn which_endpoints_are_hinted() {
         ),
         Case::new(
             "publish_not_ready_addresses_hints_every_endpoint_as_it_is_ready",
-            web()
-                .traffic_distribution("PreferSameZone")
-                .publish_not_ready(),
+            zoned().publish_not_ready(),
             vec![vm("vm-down", "10.0.0.2").zone("zone-a").not_ready().build()],
             |p, _| {
                 ensure_hints(
@@ -175,29 +202,17 @@ fn which_endpoints_are_hinted() {
                 )
             },
         ),
-        Case::new(
+        none_hinted(
             "topology_mode_auto_annotation_overrides_traffic_distribution",
-            web()
-                .traffic_distribution("PreferSameZone")
-                .annotation(TOPOLOGY_MODE_ANNOTATION, "Auto"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &neither_hinted()),
+            zoned().annotation(TOPOLOGY_MODE_ANNOTATION, "Auto"),
         ),
-        Case::new(
+        none_hinted(
             "deprecated_topology_aware_hints_annotation_overrides_traffic_distribution",
-            web()
-                .traffic_distribution("PreferSameZone")
-                .annotation(DEPRECATED_TOPOLOGY_HINTS_ANNOTATION, "auto"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &neither_hinted()),
+            zoned().annotation(DEPRECATED_TOPOLOGY_HINTS_ANNOTATION, "auto"),
         ),
-        Case::new(
+        each_hinted_for_its_zone(
             "topology_mode_other_than_auto_leaves_traffic_distribution_in_charge",
-            web()
-                .traffic_distribution("PreferSameZone")
-                .annotation(TOPOLOGY_MODE_ANNOTATION, "Disabled"),
-            two_zones(),
-            |p, _| ensure_hints(&p.creates, &each_in_its_own_zone()),
+            zoned().annotation(TOPOLOGY_MODE_ANNOTATION, "Disabled"),
         ),
     ]);
 }
@@ -207,15 +222,10 @@ fn hint_changes_rewrite_the_slices_they_touch() {
     run(vec![
         Case::new(
             "setting_traffic_distribution_updates_existing_slices_in_place",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             two_zones(),
             |p, existing| {
-                ensure!(
-                    p.creates.is_empty()
-                        && p.deletes.is_empty()
-                        && p.updates.len() == existing.len(),
-                    "every slice updated in place"
-                );
+                ensure_updated_in_place(p, existing)?;
                 ensure_hints(&p.updates, &each_in_its_own_zone())
             },
         )
@@ -225,19 +235,14 @@ fn hint_changes_rewrite_the_slices_they_touch() {
             web(),
             two_zones(),
             |p, existing| {
-                ensure!(
-                    p.creates.is_empty()
-                        && p.deletes.is_empty()
-                        && p.updates.len() == existing.len(),
-                    "every slice updated in place"
-                );
+                ensure_updated_in_place(p, existing)?;
                 ensure_hints(&p.updates, &neither_hinted())
             },
         )
-        .after(web().traffic_distribution("PreferSameZone"), two_zones()),
+        .after(zoned(), two_zones()),
         Case::new(
             "renaming_prefer_close_to_prefer_same_zone_writes_nothing",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             two_zones(),
             |p, _| {
                 ensure!(p.is_empty(), "same hints, no write");
@@ -247,7 +252,7 @@ fn hint_changes_rewrite_the_slices_they_touch() {
         .after(web().traffic_distribution("PreferClose"), two_zones()),
         Case::new(
             "a_workload_moving_zone_takes_its_hint_along",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").zone("zone-c").build(),
                 vm("vm-b", "10.0.0.2").zone("zone-b").build(),
@@ -263,10 +268,10 @@ fn hint_changes_rewrite_the_slices_they_touch() {
                 )
             },
         )
-        .after(web().traffic_distribution("PreferSameZone"), two_zones()),
+        .after(zoned(), two_zones()),
         Case::new(
             "a_workload_losing_its_zone_loses_its_hint",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").build(),
                 vm("vm-b", "10.0.0.2").zone("zone-b").build(),
@@ -281,10 +286,10 @@ fn hint_changes_rewrite_the_slices_they_touch() {
                 )
             },
         )
-        .after(web().traffic_distribution("PreferSameZone"), two_zones()),
+        .after(zoned(), two_zones()),
         Case::new(
             "a_workload_turning_not_ready_loses_its_hint",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").zone("zone-a").not_ready().build(),
                 vm("vm-b", "10.0.0.2").zone("zone-b").build(),
@@ -299,10 +304,10 @@ fn hint_changes_rewrite_the_slices_they_touch() {
                 )
             },
         )
-        .after(web().traffic_distribution("PreferSameZone"), two_zones()),
+        .after(zoned(), two_zones()),
         Case::new(
             "only_the_slice_whose_endpoint_moved_zone_is_rewritten",
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").zone("zone-a").build(),
                 vm("vm-b", "10.0.0.2").zone("zone-b").build(),
@@ -326,7 +331,7 @@ fn hint_changes_rewrite_the_slices_they_touch() {
             },
         )
         .after(
-            web().traffic_distribution("PreferSameZone"),
+            zoned(),
             vec![
                 vm("vm-a", "10.0.0.1").zone("zone-a").build(),
                 vm("vm-b", "10.0.0.2").zone("zone-b").build(),
@@ -356,21 +361,14 @@ fn plan_after_foreign_edit(
 
 #[test]
 fn hints_written_by_someone_else_are_replaced() {
-    let zoned = web().traffic_distribution("PreferSameZone").build();
-    let other_zone = plan_after_foreign_edit(&zoned, |e| {
-        e.hints = Some(EndpointHints {
-            for_zones: Some(vec![ForZone {
-                name: "zone-b".to_owned(),
-            }]),
-            for_nodes: None,
-        });
-    });
-    let with_node = plan_after_foreign_edit(&zoned, |e| {
+    let service = zoned().build();
+    let other_zone = plan_after_foreign_edit(&service, |e| e.hints = Some(zone_hint("zone-b")));
+    let with_node = plan_after_foreign_edit(&service, |e| {
         e.hints.as_mut().unwrap().for_nodes = Some(vec![ForNode {
             name: "node-1".to_owned(),
         }]);
     });
-    let two_zones_hinted = plan_after_foreign_edit(&zoned, |e| {
+    let two_zones_hinted = plan_after_foreign_edit(&service, |e| {
         e.hints
             .as_mut()
             .unwrap()
@@ -381,19 +379,8 @@ fn hints_written_by_someone_else_are_replaced() {
                 name: "zone-b".to_owned(),
             });
     });
-    let dropped = plan_after_foreign_edit(&zoned, |e| e.hints = None);
-    let stale = plan_after_foreign_edit(&web().build(), |e| {
-        e.hints = Some(EndpointHints {
-            for_zones: Some(vec![ForZone {
-                name: "zone-a".to_owned(),
-            }]),
-            for_nodes: None,
-        });
-    });
-    let expected_zoned = [
-        hinted("vm-a", Some("zone-a"), &["zone-a"]),
-        hinted("vm-b", Some("zone-b"), &["zone-b"]),
-    ];
+    let dropped = plan_after_foreign_edit(&service, |e| e.hints = None);
+    let stale = plan_after_foreign_edit(&web().build(), |e| e.hints = Some(zone_hint("zone-a")));
     for (case, plan) in [
         ("hint_for_another_zone", &other_zone),
         ("node_hint", &with_node),
@@ -401,22 +388,19 @@ fn hints_written_by_someone_else_are_replaced() {
         ("hint_removed", &dropped),
     ] {
         assert_eq!(plan.updates.len(), 1, "{case}: one update");
-        assert_eq!(hints(&plan.updates), expected_zoned, "{case}");
+        assert_eq!(hints(&plan.updates), each_in_its_own_zone(), "{case}");
     }
     assert_eq!(stale.updates.len(), 1, "stale hint: one update");
     assert_eq!(
         hints(&stale.updates),
-        [
-            hinted("vm-a", Some("zone-a"), &[]),
-            hinted("vm-b", Some("zone-b"), &[]),
-        ],
+        neither_hinted(),
         "a Service without trafficDistribution keeps no hint"
     );
 }
 
 #[test]
 fn cached_slice_keeps_own_zone_hints_and_gives_them_back() {
-    let service = web().traffic_distribution("PreferSameZone").build();
+    let service = zoned().build();
     let store = converge(&service, &two_zones(), &Config::default());
     let slice = store.slices()[0].clone();
     let cached = CachedSlice::from(&slice);

@@ -13,22 +13,8 @@ use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use proptest::prelude::*;
-use slices::testing::{SliceStore, Svc, Workload, time};
+use slices::testing::{ServiceShape, SliceStore, Svc, WorkloadShape, time};
 use slices::{Config, DEFAULT_MANAGED_BY, DEFAULT_NAME_PREFIX, SlicePlan, plan_slices};
-
-/// A workload as generated: labels decide selection, the rest the endpoint.
-#[derive(Clone, Debug)]
-struct WorkloadShape {
-    selected: bool,
-    other_namespace: bool,
-    ips: Vec<&'static str>,
-    ports: Vec<(&'static str, i32)>,
-    ready: bool,
-    terminating: bool,
-    zone: Option<&'static str>,
-    /// A mesh identity other than the name-derived default (a rotation).
-    identity: Option<&'static str>,
-}
 
 const IPS: &[&str] = &[
     "10.0.0.1",
@@ -56,10 +42,12 @@ fn workload_shape() -> impl Strategy<Value = WorkloadShape> {
         .prop_map(
             |(selected, other_namespace, ips, ports, ready, terminating, zone, identity)| {
                 WorkloadShape {
-                    selected,
+                    app: if selected { "web" } else { "other" },
                     other_namespace,
                     ips,
-                    ports,
+                    ports: (ports.into_iter())
+                        .map(|(name, port)| (name, 8000 + port, None))
+                        .collect(),
                     ready,
                     terminating,
                     zone,
@@ -70,32 +58,7 @@ fn workload_shape() -> impl Strategy<Value = WorkloadShape> {
 }
 
 fn build(index: usize, shape: &WorkloadShape) -> ExternalWorkload {
-    let mut w = Workload::named(&format!("vm-{index:03}"))
-        .label("app", if shape.selected { "web" } else { "other" });
-    if shape.other_namespace {
-        w = w.namespace("elsewhere");
-    }
-    for ip in &shape.ips {
-        w = w.ip(ip);
-    }
-    for (name, port) in &shape.ports {
-        w = w.port(name, 8000 + port);
-    }
-    w = if shape.ready {
-        w.ready()
-    } else {
-        w.not_ready()
-    };
-    if shape.terminating {
-        w = w.terminating();
-    }
-    if let Some(zone) = shape.zone {
-        w = w.zone(zone);
-    }
-    if let Some(identity) = shape.identity {
-        w = w.identity(identity);
-    }
-    w.build()
+    shape.build(&format!("vm-{index:03}"))
 }
 
 fn service() -> impl Strategy<Value = Service> {
@@ -134,32 +97,21 @@ fn service() -> impl Strategy<Value = Service> {
     )
         .prop_map(
             |(families, headless, publish, team_label, selection, distribution)| {
-                let mut s = Svc::named("web")
+                let options = ServiceShape {
+                    families,
+                    headless,
+                    publish_not_ready: publish,
+                    team_label,
+                    traffic_distribution: distribution,
+                    topology_mode: None,
+                    selection,
+                };
+                let base = Svc::named("web")
                     .selector("app", "web")
                     .port("http", 80, "http")
                     .port("admin", 81, "admin")
                     .port("raw", 82, 9000);
-                if !families.is_empty() {
-                    s = s.families(&families);
-                }
-                if headless {
-                    s = s.headless();
-                }
-                if publish {
-                    s = s.publish_not_ready();
-                }
-                if team_label {
-                    s = s.label("team", "a");
-                }
-                if let Some(distribution) = distribution {
-                    s = s.traffic_distribution(distribution);
-                }
-                match selection {
-                    "none" => s = s.no_selector(),
-                    "external-name" => s = s.external_name(),
-                    _ => {}
-                }
-                s.build()
+                options.apply(base).build()
             },
         )
 }
@@ -191,18 +143,13 @@ fn scenario() -> impl Strategy<Value = (Service, Vec<ExternalWorkload>, Vec<Endp
                         .map(|(i, s)| build(i, s))
                         .collect()
                 };
-                let config = config(earlier_max);
-                let refs: Vec<_> = earlier.iter().collect();
-                let mut store = SliceStore::default();
-                store.apply(&plan_slices(&earlier_svc, &refs, &[], &config, &time(1)));
                 // Someone else deleted some of them.
-                let existing = store
-                    .slices()
-                    .into_iter()
-                    .zip(lost.iter().chain(std::iter::repeat(&false)))
-                    .filter(|(_, lost)| !**lost)
-                    .map(|(s, _)| s.clone())
-                    .collect();
+                let existing = SliceStore::converged_less_lost(
+                    &earlier_svc,
+                    &earlier,
+                    &config(earlier_max),
+                    &lost,
+                );
                 (svc, workloads, existing, max)
             },
         )

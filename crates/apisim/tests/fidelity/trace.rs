@@ -60,6 +60,13 @@ struct Run<'a> {
 /// The events of one open watch.
 type Collected = Arc<Mutex<Vec<(String, Value)>>>;
 
+/// The content type of a JSON merge patch.
+const MERGE_PATCH: &str = "application/merge-patch+json";
+/// The content type of a JSON patch.
+const JSON_PATCH: &str = "application/json-patch+json";
+/// The content type of a strategic merge patch.
+const STRATEGIC_MERGE_PATCH: &str = "application/strategic-merge-patch+json";
+
 // === impl Rng ===
 
 impl Rng {
@@ -230,6 +237,39 @@ impl Run<'_> {
         self.steps.push((label, observed));
     }
 
+    /// Sends `method` with `body`, if any (as JSON), to the object `name` of `kind`, and records
+    /// the answer as `label`.
+    async fn send_to_object(
+        &mut self,
+        label: String,
+        method: Method,
+        kind: Kind,
+        name: &str,
+        body: Option<&Value>,
+    ) {
+        let answer = self
+            .send(method, &self.object(kind, name), None, body)
+            .await;
+        self.record(label, kind, name, answer);
+    }
+
+    /// Sends `patch` as `content_type` to the object `name` of `kind`, and records the answer
+    /// as `label`.
+    async fn patch_object(
+        &mut self,
+        label: String,
+        kind: Kind,
+        name: &str,
+        content_type: &str,
+        patch: &Value,
+    ) {
+        let path = self.object(kind, name);
+        let answer = self
+            .send(Method::PATCH, &path, Some(content_type), Some(patch))
+            .await;
+        self.record(label, kind, name, answer);
+    }
+
     async fn list_version(&self, kind: Kind) -> String {
         let list = self
             .send(Method::GET, &self.collection(kind), None, None)
@@ -241,15 +281,18 @@ impl Run<'_> {
             .to_string()
     }
 
-    async fn open_watch(&self, kind: Kind, version: &str) -> Collected {
-        let path = format!(
-            "{}?watch=true&resourceVersion={version}&timeoutSeconds=600",
-            self.collection(kind)
-        );
-        let request = Request::builder()
+    /// A watch of `kind`'s collection, with `query` after `watch=true&`.
+    fn watch_request(&self, kind: Kind, query: &str) -> Request<Vec<u8>> {
+        let path = format!("{}?watch=true&{query}", self.collection(kind));
+        Request::builder()
             .uri(path)
             .body(Vec::new())
-            .expect("a request");
+            .expect("a request")
+    }
+
+    async fn open_watch(&self, kind: Kind, version: &str) -> Collected {
+        let query = format!("resourceVersion={version}&timeoutSeconds=600");
+        let request = self.watch_request(kind, &query);
         let stream = self
             .client
             .request_events::<Value>(request)
@@ -360,10 +403,8 @@ impl Run<'_> {
                 self.record(label("create invalid"), kind, &name, answer);
             }
             27..=39 => {
-                let answer = self
-                    .send(Method::GET, &self.object(kind, &name), None, None)
+                self.send_to_object(label("get"), Method::GET, kind, &name, None)
                     .await;
-                self.record(label("get"), kind, &name, answer);
             }
             40..=47 => self.list(kind, step).await,
             48..=57 => {
@@ -388,10 +429,8 @@ impl Run<'_> {
                         "update"
                     }
                 };
-                let answer = self
-                    .send(Method::PUT, &self.object(kind, &name), None, Some(&object))
+                self.send_to_object(label(what), Method::PUT, kind, &name, Some(&object))
                     .await;
-                self.record(label(what), kind, &name, answer);
             }
             58..=60 => {
                 let Some(mut object) = self.last.get(&(kind, name.clone())).cloned() else {
@@ -405,10 +444,9 @@ impl Run<'_> {
                     .unwrap_or_else(|| "1".into());
                 object["metadata"]["resourceVersion"] = Value::from(first);
                 kind.change(&mut object, self.rng.next());
-                let answer = self
-                    .send(Method::PUT, &self.object(kind, &name), None, Some(&object))
+                let what = label("update from the first version");
+                self.send_to_object(what, Method::PUT, kind, &name, Some(&object))
                     .await;
-                self.record(label("update from the first version"), kind, &name, answer);
             }
             61..=68 => {
                 let variant = self.rng.next();
@@ -432,15 +470,8 @@ impl Run<'_> {
                         }
                     }
                 }
-                let answer = self
-                    .send(
-                        Method::PATCH,
-                        &self.object(kind, &name),
-                        Some("application/merge-patch+json"),
-                        Some(&change),
-                    )
+                self.patch_object(label("merge patch"), kind, &name, MERGE_PATCH, &change)
                     .await;
-                self.record(label("merge patch"), kind, &name, answer);
             }
             69..=73 => {
                 let variant = self.rng.next();
@@ -452,27 +483,14 @@ impl Run<'_> {
                         {"op": "add", "path": "/metadata/labels/json", "value": format!("j{}", variant % 3)},
                     ]),
                 };
-                let answer = self
-                    .send(
-                        Method::PATCH,
-                        &self.object(kind, &name),
-                        Some("application/json-patch+json"),
-                        Some(&patch),
-                    )
+                self.patch_object(label("json patch"), kind, &name, JSON_PATCH, &patch)
                     .await;
-                self.record(label("json patch"), kind, &name, answer);
             }
             74..=76 => {
                 let patch = json!({"metadata": {"annotations": {"strategic": format!("s{}", self.rng.below(3))}}});
-                let answer = self
-                    .send(
-                        Method::PATCH,
-                        &self.object(kind, &name),
-                        Some("application/strategic-merge-patch+json"),
-                        Some(&patch),
-                    )
+                let what = label("strategic merge patch");
+                self.patch_object(what, kind, &name, STRATEGIC_MERGE_PATCH, &patch)
                     .await;
-                self.record(label("strategic merge patch"), kind, &name, answer);
             }
             77..=82 if kind.has_status() => {
                 let status = kind.status(self.rng.next());
@@ -490,12 +508,7 @@ impl Run<'_> {
                     let patch =
                         json!({"status": status, "metadata": {"labels": {"ignored": "yes"}}});
                     let answer = self
-                        .send(
-                            Method::PATCH,
-                            &path,
-                            Some("application/merge-patch+json"),
-                            Some(&patch),
-                        )
+                        .send(Method::PATCH, &path, Some(MERGE_PATCH), Some(&patch))
                         .await;
                     self.record(label("merge patch status"), kind, &name, answer);
                 }
@@ -524,41 +537,22 @@ impl Run<'_> {
                     ),
                     _ => ("delete", json!({})),
                 };
-                let answer = self
-                    .send(
-                        Method::DELETE,
-                        &self.object(kind, &name),
-                        None,
-                        Some(&options),
-                    )
+                self.send_to_object(label(what), Method::DELETE, kind, &name, Some(&options))
                     .await;
-                self.record(label(what), kind, &name, answer);
             }
             _ => {
                 let patch = json!({"metadata": {"finalizers": null}});
-                let answer = self
-                    .send(
-                        Method::PATCH,
-                        &self.object(kind, &name),
-                        Some("application/merge-patch+json"),
-                        Some(&patch),
-                    )
+                let what = label("remove finalizers");
+                self.patch_object(what, kind, &name, MERGE_PATCH, &patch)
                     .await;
-                self.record(label("remove finalizers"), kind, &name, answer);
             }
         }
     }
 
     async fn get_instead(&mut self, kind: Kind, name: &str, step: usize) {
-        let answer = self
-            .send(Method::GET, &self.object(kind, name), None, None)
+        let label = format!("{step} get first {}", kind.label());
+        self.send_to_object(label, Method::GET, kind, name, None)
             .await;
-        self.record(
-            format!("{step} get first {}", kind.label()),
-            kind,
-            name,
-            answer,
-        );
     }
 
     async fn list(&mut self, kind: Kind, step: usize) {
@@ -635,13 +629,9 @@ impl Run<'_> {
                     .await;
             }
         }
+        let first_page = format!("{}?limit=1", self.collection(Kind::Slice));
         let first = self
-            .send(
-                Method::GET,
-                &format!("{}?limit=1", self.collection(Kind::Slice)),
-                None,
-                None,
-            )
+            .send(Method::GET, &first_page, None, None)
             .await
             .expect("a first page");
         let token = first
@@ -666,14 +656,8 @@ impl Run<'_> {
             answer,
         );
         compact().await;
-        let answer = self
-            .send(
-                Method::GET,
-                &format!("{}?limit=1&continue={token}", self.collection(Kind::Slice)),
-                None,
-                None,
-            )
-            .await;
+        let next_page = format!("{first_page}&continue={token}");
+        let answer = self.send(Method::GET, &next_page, None, None).await;
         self.steps.push((
             "expire: the list continued after a compaction".into(),
             match answer {
@@ -684,14 +668,7 @@ impl Run<'_> {
                 Err((code, reason)) => Observed::Error { code, reason },
             },
         ));
-        let path = format!(
-            "{}?watch=true&resourceVersion=1&timeoutSeconds=5",
-            self.collection(Kind::Lease)
-        );
-        let request = Request::builder()
-            .uri(path)
-            .body(Vec::new())
-            .expect("a request");
+        let request = self.watch_request(Kind::Lease, "resourceVersion=1&timeoutSeconds=5");
         let events = match self.client.request_events::<Value>(request).await {
             Ok(stream) => {
                 let first = std::pin::pin!(stream).next().await;
@@ -723,14 +700,8 @@ impl Run<'_> {
     /// carries a version no older than the newest written.
     async fn bookmark(&mut self) {
         let newest = self.newest;
-        let path = format!(
-            "{}?watch=true&allowWatchBookmarks=true&resourceVersion={newest}&timeoutSeconds=6",
-            self.collection(Kind::Lease)
-        );
-        let request = Request::builder()
-            .uri(path)
-            .body(Vec::new())
-            .expect("a request");
+        let query = format!("allowWatchBookmarks=true&resourceVersion={newest}&timeoutSeconds=6");
+        let request = self.watch_request(Kind::Lease, &query);
         let stream = self
             .client
             .request_events::<Value>(request)

@@ -72,9 +72,7 @@ pub async fn create_same(cluster: &Cluster) {
         )
         .await;
 
-    let mut dual: Service = Svc::named("dual")
-        .selector("app", "dual")
-        .port("http", 80, "http")
+    let mut dual: Service = http_service("dual", "dual")
         .families(&["IPv4", "IPv6"])
         .build();
     dual.spec.as_mut().unwrap().ip_family_policy = Some("RequireDualStack".into());
@@ -118,13 +116,7 @@ pub async fn create_same(cluster: &Cluster) {
         .await;
 
     // More than one slice's worth (100 + 5).
-    cluster
-        .create_service(
-            Svc::named("big")
-                .selector("app", "big")
-                .port("http", 80, "http"),
-        )
-        .await;
+    cluster.create_service(http_service("big", "big")).await;
     for i in 0..105 {
         cluster
             .apply_workload(
@@ -134,6 +126,13 @@ pub async fn create_same(cluster: &Cluster) {
             )
             .await;
     }
+}
+
+/// Service `name` selecting `app: <app>`, with the port `http` 80 to the workloads' `http`.
+fn http_service(name: &str, app: &str) -> Svc {
+    Svc::named(name)
+        .selector("app", app)
+        .port("http", 80, "http")
 }
 
 /// A workload with one label, the port `http` 8080.
@@ -247,11 +246,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         .await;
     // draining: a workload being deleted. Linkerd keeps it ready, never terminating.
     cluster
-        .create_service(
-            Svc::named("draining")
-                .selector("app", "drain")
-                .port("http", 80, "http"),
-        )
+        .create_service(http_service("draining", "drain"))
         .await;
     let mut held: ExternalWorkload = vm("drain-1", "app", "drain").ip("10.7.0.1").ready().build();
     held.metadata.finalizers = Some(vec![HOLD.into()]);
@@ -266,24 +261,14 @@ pub async fn run(testbed: &'static testbed::Testbed) {
         .unwrap();
     // published: publishNotReadyAddresses, which Linkerd ignores.
     cluster
-        .create_service(
-            Svc::named("published")
-                .selector("app", "pub")
-                .port("http", 80, "http")
-                .publish_not_ready(),
-        )
+        .create_service(http_service("published", "pub").publish_not_ready())
         .await;
     cluster
         .apply_workload(vm("pub-1", "app", "pub").ip("10.8.0.1").not_ready())
         .await;
     // relabelled: a label since removed from the Service stays on Linkerd's slice.
     cluster
-        .create_service(
-            Svc::named("relabelled")
-                .selector("app", "relabel")
-                .label("team", "a")
-                .port("http", 80, "http"),
-        )
+        .create_service(http_service("relabelled", "relabel").label("team", "a"))
         .await;
     cluster
         .apply_workload(vm("relabel-1", "app", "relabel").ip("10.9.0.1").ready())
@@ -291,11 +276,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     // unselected: the Service lost its selector after Linkerd wrote its slice; Linkerd leaves
     // the slice, ours deletes it.
     cluster
-        .create_service(
-            Svc::named("unselected")
-                .selector("app", "gone")
-                .port("http", 80, "http"),
-        )
+        .create_service(http_service("unselected", "gone"))
         .await;
     cluster
         .apply_workload(vm("gone-1", "app", "gone").ip("10.10.0.1").ready())
@@ -304,12 +285,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     // zoned: trafficDistribution PreferSameZone. Linkerd writes no hints; ours hints each
     // ready endpoint for its zone.
     cluster
-        .create_service(
-            Svc::named("zoned")
-                .selector("app", "zoned")
-                .port("http", 80, "http")
-                .traffic_distribution("PreferSameZone"),
-        )
+        .create_service(http_service("zoned", "zoned").traffic_distribution("PreferSameZone"))
         .await;
     for (name, ip, zone) in [
         ("zoned-1", "10.11.0.1", "zone-a"),
@@ -323,11 +299,7 @@ pub async fn run(testbed: &'static testbed::Testbed) {
     // change makes Linkerd re-check only the Services that start or stop selecting the
     // workload, so its slice keeps the old zone; ours updates the endpoint's zone.
     cluster
-        .create_service(
-            Svc::named("rezoned")
-                .selector("app", "rezone")
-                .port("http", 80, "http"),
-        )
+        .create_service(http_service("rezoned", "rezone"))
         .await;
     cluster
         .apply_workload(

@@ -64,11 +64,42 @@ async fn wait_leading(handle: &ElectorHandle, leading: bool, within: Duration) -
     Instant::now()
 }
 
+/// A candidate `identity` on `store`, once it leads: alone, it does within 10 ms.
+async fn leading_candidate(store: &MemoryLeaseStore, identity: &str) -> ElectorHandle {
+    let handle = candidate(store, identity);
+    wait_leading(&handle, true, Duration::from_millis(10)).await;
+    handle
+}
+
+/// "a" leading on a connection of its own to `store`, then "b" on another, given a RetryPeriod
+/// to see a's Lease: (a's connection, b's connection, a, b).
+async fn a_leads_b_follows(
+    store: &MemoryLeaseStore,
+) -> (
+    MemoryLeaseStore,
+    MemoryLeaseStore,
+    ElectorHandle,
+    ElectorHandle,
+) {
+    let (a_conn, b_conn) = (store.connect(), store.connect());
+    let a = leading_candidate(&a_conn, "a").await;
+    let b = candidate(&b_conn, "b");
+    sleep(RETRY).await;
+    (a_conn, b_conn, a, b)
+}
+
+/// Waits until `store` has been written once more (in paused time, polling every 10 ms).
+async fn next_write(store: &MemoryLeaseStore) {
+    let writes = store.writes().len();
+    while store.writes().len() == writes {
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn lone_candidate_creates_the_lease_and_leads() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store.connect(), "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&store.connect(), "a").await;
     let spec = spec(&store);
     assert_eq!(spec.holder_identity.as_deref(), Some("a"));
     assert_eq!(spec.lease_transitions, Some(0));
@@ -145,8 +176,7 @@ async fn two_candidates_never_both_lead() {
 #[tokio::test(start_paused = true)]
 async fn one_failed_renewal_does_not_step_down() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&store, "a").await;
     let term = current(&a).expect("leading");
 
     store.fail_next(1);
@@ -167,8 +197,7 @@ async fn one_failed_renewal_does_not_step_down() {
 async fn renew_deadline_without_renewal_steps_down_before_others_can_take_over() {
     let store = MemoryLeaseStore::new();
     let a_conn = store.connect();
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&a_conn, "a").await;
     let b = candidate(&store.connect(), "b");
     sleep(Duration::from_millis(4100)).await;
     let term = current(&a).expect("leading");
@@ -216,8 +245,7 @@ async fn renewals_that_hang_past_their_bound_count_as_renew_failures() {
     // renew failures counted, because timed-out requests were not counted.
     let store = MemoryLeaseStore::new();
     let a_conn = store.connect();
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&a_conn, "a").await;
     a_conn.hang(true);
     sleep(RETRY * 2 + Duration::from_millis(100)).await;
     assert!(current(&a).is_some(), "still within the grace");
@@ -234,11 +262,7 @@ async fn slow_api_server_within_renew_deadline_does_not_leave_the_cluster_withou
     // write together outlast RetryPeriod (yet far within RenewDeadline), every renewal and every
     // acquisition was cut off at RetryPeriod, and nobody led for as long as the API was slow.
     let store = MemoryLeaseStore::new();
-    let (a_conn, b_conn) = (store.connect(), store.connect());
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
-    let b = candidate(&b_conn, "b");
-    sleep(RETRY).await;
+    let (a_conn, b_conn, a, b) = a_leads_b_follows(&store).await;
     let term = current(&a).expect("leading");
 
     let latency = RETRY.mul_f64(0.6); // an attempt (read + write) takes 1.2 × RetryPeriod
@@ -263,8 +287,7 @@ async fn slow_api_server_within_renew_deadline_does_not_leave_the_cluster_withou
 #[tokio::test(start_paused = true)]
 async fn leader_that_sees_another_holder_through_its_watch_steps_down_at_once() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store.connect(), "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&store.connect(), "a").await;
     sleep(Duration::from_millis(500)).await;
 
     let mut intruder = store.current().expect("lease");
@@ -280,8 +303,7 @@ async fn leader_that_loses_a_write_race_steps_down_at_once() {
     let store = MemoryLeaseStore::new();
     let a_conn = store.connect();
     a_conn.blind(true); // no watch: only the 409 can tell
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&a_conn, "a").await;
 
     let mut intruder = store.current().expect("lease");
     intruder.spec.as_mut().expect("spec").holder_identity = Some("intruder".into());
@@ -295,8 +317,7 @@ async fn leader_that_loses_a_write_race_steps_down_at_once() {
 #[tokio::test(start_paused = true)]
 async fn release_lets_a_watching_follower_take_over_immediately() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store.connect(), "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&store.connect(), "a").await;
     let b = candidate(&store.connect(), "b");
     sleep(Duration::from_millis(700)).await; // B has polled once and is waiting on its watch
     let transitions = spec(&store).lease_transitions;
@@ -328,8 +349,7 @@ async fn release_lets_a_watching_follower_take_over_immediately() {
 #[tokio::test(start_paused = true)]
 async fn follower_release_writes_nothing() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store.connect(), "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let _a = leading_candidate(&store.connect(), "a").await;
     let b = candidate(&store.connect(), "b");
     sleep(Duration::from_millis(700)).await;
     let writes = store.writes().len();
@@ -444,20 +464,13 @@ async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() 
 #[tokio::test(start_paused = true)]
 async fn a_leader_that_learns_of_a_deletion_late_never_leads_beside_a_follower() {
     let store = MemoryLeaseStore::new();
-    let (a_conn, b_conn) = (store.connect(), store.connect());
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
-    let b = candidate(&b_conn, "b");
-    sleep(RETRY).await;
+    let (a_conn, _, a, b) = a_leads_b_follows(&store).await;
 
     // The leader's watch passes nothing (within its bound) when the lease is deleted right
     // after a renewal: it learns of it at its next poll, a RetryPeriod later. The follower
     // learns at once and must not lead meanwhile.
     a_conn.freeze_watches();
-    let writes = store.writes().len();
-    while store.writes().len() == writes {
-        sleep(Duration::from_millis(10)).await;
-    }
+    next_write(&store).await;
     store.put(None);
     let deleted = Instant::now();
     while Instant::now() < deleted + LEASE_DURATION * 2 {
@@ -483,11 +496,7 @@ async fn a_leader_that_learns_of_a_deletion_late_never_leads_beside_a_follower()
 #[tokio::test(start_paused = true)]
 async fn a_frozen_lease_watch_is_restarted_so_a_deletion_ends_the_term_at_once() {
     let store = MemoryLeaseStore::new();
-    let (a_conn, b_conn) = (store.connect(), store.connect());
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
-    let b = candidate(&b_conn, "b");
-    sleep(RETRY).await;
+    let (a_conn, _, a, b) = a_leads_b_follows(&store).await;
     assert!(current(&b).is_none(), "b follows");
 
     // The leader's watch connection stays open but passes nothing; its renewals (separate
@@ -507,10 +516,7 @@ async fn a_frozen_lease_watch_is_restarted_so_a_deletion_ends_the_term_at_once()
     assert_eq!(b.metrics().watch_stalls(), 0, "b saw every renewal of a");
 
     // Delete the lease right after a renewal, when a's next poll is as far away as it gets.
-    let writes = store.writes().len();
-    while store.writes().len() == writes {
-        sleep(Duration::from_millis(10)).await;
-    }
+    next_write(&store).await;
     store.put(None);
     // Within a millisecond, not at a's next poll (a RetryPeriod later): the restarted watch
     // delivered the deletion, as the follower's did.
@@ -531,8 +537,7 @@ async fn a_frozen_lease_watch_is_restarted_so_a_deletion_ends_the_term_at_once()
 async fn each_acquisition_starts_a_new_term() {
     let store = MemoryLeaseStore::new();
     let a_conn = store.connect();
-    let a = candidate(&a_conn, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&a_conn, "a").await;
     let first = current(&a).expect("leading");
 
     a_conn.hang(true);
@@ -548,8 +553,7 @@ async fn each_acquisition_starts_a_new_term() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_elector_task_is_reported() {
     let store = MemoryLeaseStore::new();
-    let mut a = candidate(&store, "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let mut a = leading_candidate(&store, "a").await;
     store.panic_next();
     let error = timeout(RETRY * 2, a.lost()).await.expect("reported");
     assert!(matches!(error, ElectorError::Panicked(_)), "{error}");
@@ -562,8 +566,7 @@ async fn a_lost_elector_task_is_reported() {
 #[tokio::test(start_paused = true)]
 async fn leader_whose_holder_is_cleared_by_someone_else_ends_its_term_at_once() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store.connect(), "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&store.connect(), "a").await;
     let first = current(&a).expect("leading");
     let mut leadership = a.leadership();
     leadership.borrow_and_update();
@@ -685,8 +688,7 @@ async fn candidate_whose_requests_fail_at_once_after_the_lease_expired_waits_bet
 #[tokio::test(start_paused = true)]
 async fn each_term_carries_the_holder_and_transition_count_it_wrote_as_its_fencing_token() {
     let store = MemoryLeaseStore::new();
-    let a = candidate(&store.connect(), "a");
-    wait_leading(&a, true, Duration::from_millis(10)).await;
+    let a = leading_candidate(&store.connect(), "a").await;
     let first = current(&a).expect("leading");
     let token = first
         .fencing_token()

@@ -134,6 +134,95 @@ async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bo
     condition()
 }
 
+/// Asserts that within `within` `gate` has a term registered (`registered`) or none.
+async fn assert_registered<K: QueueKey, S: Send + Sync + 'static>(
+    gate: &Gate<K, S>,
+    registered: bool,
+    within: Duration,
+) {
+    assert!(
+        eventually(within, || gate.registered_term().is_some() == registered).await,
+        "registered term: {:?}",
+        gate.registered_term()
+    );
+}
+
+/// Waits for the runtime's task `run` to return `Ok` within `within`; `what` says why it must.
+async fn returns_cleanly_within(
+    run: JoinHandle<Result<(), RuntimeError>>,
+    within: Duration,
+    what: &str,
+) {
+    timeout(within, run)
+        .await
+        .expect(what)
+        .expect("task")
+        .expect("clean shutdown");
+}
+
+/// An app that replays nothing; its reconcile (never called) does nothing.
+fn idle_app() -> impl Reconciler<Key = u32, TermState = (), Error = Fenced> {
+    app(
+        |_term: &Term| (),
+        |_context: &TermContext<u32, ()>| {},
+        |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
+    )
+}
+
+/// An app without per-term state whose replay queues key 1, reconciled by `reconcile`.
+fn replaying_key_1<R, Fut>(
+    reconcile: R,
+) -> impl Reconciler<Key = u32, TermState = (), Error = Fenced>
+where
+    R: Fn(u32, TermContext<u32, ()>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, Fenced>> + Send + 'static,
+{
+    app(
+        |_term: &Term| (),
+        |context: &TermContext<u32, ()>| {
+            context.enqueue(1);
+        },
+        reconcile,
+    )
+}
+
+/// An app whose replay queues key 1 and whose reconcile panics.
+fn panicking_app() -> impl Reconciler<Key = u32, TermState = (), Error = Fenced> {
+    replaying_key_1(|_key, _context| async {
+        panic!("bug in reconcile");
+        #[allow(unreachable_code)]
+        Ok::<_, Fenced>(Action::Done)
+    })
+}
+
+/// Runs `runtime` on `elector` and expects it to end within 1 s with
+/// [`RuntimeError::WorkerFailed`]: a reconcile panicked.
+async fn ends_with_a_failed_worker(
+    runtime: Runtime<u32, (), Fenced>,
+    elector: ElectorHandle,
+    shutdown: CancellationToken,
+) {
+    let result = timeout(Duration::from_secs(1), runtime.run(elector, shutdown))
+        .await
+        .expect("returned");
+    assert!(
+        matches!(result, Err(RuntimeError::WorkerFailed(_))),
+        "{result:?}"
+    );
+}
+
+/// Waits up to 100 ms for `standby` to lead; `what` says why it must.
+async fn leads_within_100_ms(standby: &ElectorHandle, what: &str) {
+    let mut leading = standby.leadership();
+    timeout(
+        Duration::from_millis(100),
+        leading.wait_for(Option::is_some),
+    )
+    .await
+    .expect(what)
+    .expect("leadership");
+}
+
 /// A reconcile in the style of the slice controller: it refuses to write while the cache misses
 /// what this term's tracker says it wrote (the cache must be behind), and otherwise creates the
 /// missing slice, checking the fence right before the write.
@@ -195,12 +284,7 @@ async fn stale_tracker_scenario(fresh_tracker_per_term: bool) -> bool {
     );
     // Another replica takes the lease (A sees it through its watch and steps down)...
     store.put(Some(with_holder(&store, Some("b"))));
-    assert!(
-        eventually(Duration::from_millis(50), || gate
-            .registered_term()
-            .is_none())
-        .await
-    );
+    assert_registered(&gate, false, Duration::from_millis(50)).await;
     // ...and while A follows, someone deletes the slice; A's handlers are not registered.
     cluster.slices.lock().remove("svc");
     assert_eq!(gate.dispatch(|context| context.enqueue("svc")), None);
@@ -232,14 +316,7 @@ async fn a_tracker_kept_across_terms_would_stay_stuck() {
 async fn a_lost_elector_ends_the_runtime_with_an_error() {
     let store = MemoryLeaseStore::new();
     let connection = store.connect();
-    let runtime = Runtime::new(
-        RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |_context: &TermContext<u32, ()>| {},
-            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
-        ),
-    );
+    let runtime = Runtime::new(RuntimeConfig::default(), idle_app());
     let elector = LeaseElector::new(lease_config("a"), connection.clone()).spawn();
     connection.panic_next();
     let result = timeout(
@@ -261,27 +338,21 @@ async fn in_flight_work_of_a_lost_term_is_fenced_at_its_next_write() {
     let outcome: Arc<Mutex<Option<Result<(), Fenced>>>> = Arc::default();
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |context: &TermContext<u32, ()>| {
-                context.enqueue(1);
-            },
-            {
+        replaying_key_1({
+            let (proceed, outcome) = (proceed.clone(), outcome.clone());
+            move |_key, context: TermContext<u32, ()>| {
                 let (proceed, outcome) = (proceed.clone(), outcome.clone());
-                move |_key: u32, context: TermContext<u32, ()>| {
-                    let (proceed, outcome) = (proceed.clone(), outcome.clone());
-                    async move {
-                        if outcome.lock().is_some() {
-                            return Ok(Action::Done);
-                        }
-                        proceed.notified().await;
-                        let result = context.fence().check();
-                        *outcome.lock() = Some(result.clone());
-                        result.map(|()| Action::Done)
+                async move {
+                    if outcome.lock().is_some() {
+                        return Ok(Action::Done);
                     }
+                    proceed.notified().await;
+                    let result = context.fence().check();
+                    *outcome.lock() = Some(result.clone());
+                    result.map(|()| Action::Done)
                 }
-            },
-        ),
+            }
+        }),
     );
     let (queue, gate, fenced) = (runtime.queue(), runtime.gate(), runtime.fence_metrics());
     let shutdown = CancellationToken::new();
@@ -290,12 +361,7 @@ async fn in_flight_work_of_a_lost_term_is_fenced_at_its_next_write() {
     let term = gate.registered_term().expect("leading");
 
     store.put(Some(with_holder(&store, Some("b"))));
-    assert!(
-        eventually(Duration::from_millis(50), || gate
-            .registered_term()
-            .is_none())
-        .await
-    );
+    assert_registered(&gate, false, Duration::from_millis(50)).await;
     let retries = queue.retries();
     proceed.notify_one();
     assert!(eventually(Duration::from_millis(50), || outcome.lock().is_some()).await);
@@ -364,65 +430,23 @@ async fn terms_driven_externally_and_periodic_resync_replays_while_leading() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_external_leadership_source_means_following() {
     let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
-    let runtime = Runtime::new(
-        RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |_context: &TermContext<u32, ()>| {},
-            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
-        ),
-    );
+    let runtime = Runtime::new(RuntimeConfig::default(), idle_app());
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
-    assert!(
-        eventually(Duration::from_millis(50), || gate
-            .registered_term()
-            .is_some())
-        .await
-    );
+    assert_registered(&gate, true, Duration::from_millis(50)).await;
     drop(leadership);
-    assert!(
-        eventually(Duration::from_millis(50), || gate
-            .registered_term()
-            .is_none())
-        .await
-    );
+    assert_registered(&gate, false, Duration::from_millis(50)).await;
     shutdown.cancel();
-    timeout(Duration::from_millis(1), run)
-        .await
-        .expect("returned at once")
-        .expect("task")
-        .expect("clean shutdown");
+    returns_cleanly_within(run, Duration::from_millis(1), "returned at once").await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_reconcile_ends_the_runtime_visibly() {
     let (_leadership, receiver) = watch::channel(Some(Term::unbounded()));
-    let runtime = Runtime::new(
-        RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |context: &TermContext<u32, ()>| {
-                context.enqueue(1);
-            },
-            |_key: u32, _context: TermContext<u32, ()>| async {
-                panic!("bug in reconcile");
-                #[allow(unreachable_code)]
-                Ok::<_, Fenced>(Action::Done)
-            },
-        ),
-    );
-    let result = timeout(
-        Duration::from_secs(1),
-        runtime.run(ElectorHandle::external(receiver), CancellationToken::new()),
-    )
-    .await
-    .expect("returned");
-    assert!(
-        matches!(result, Err(RuntimeError::WorkerFailed(_))),
-        "{result:?}"
-    );
+    let runtime = Runtime::new(RuntimeConfig::default(), panicking_app());
+    let elector = ElectorHandle::external(receiver);
+    ends_with_a_failed_worker(runtime, elector, CancellationToken::new()).await;
 }
 
 /// A panicking reconcile used to end `run` without releasing the Lease: a standby then waited a
@@ -459,26 +483,14 @@ async fn a_panicking_reconcile_releases_the_lease_so_a_standby_takes_over_at_onc
             },
         ),
     );
-    let result = timeout(
-        Duration::from_secs(1),
-        runtime.run(leader, CancellationToken::new()),
-    )
-    .await
-    .expect("returned");
+    ends_with_a_failed_worker(runtime, leader, CancellationToken::new()).await;
     let returned_at = Instant::now();
-    assert!(
-        matches!(result, Err(RuntimeError::WorkerFailed(_))),
-        "{result:?}"
-    );
     assert_eq!(other_key_done.load(Ordering::SeqCst), 1);
-    let mut standby_leading = standby.leadership();
-    timeout(
-        Duration::from_millis(100),
-        standby_leading.wait_for(Option::is_some),
+    leads_within_100_ms(
+        &standby,
+        "the standby takes over well within a LeaseDuration",
     )
-    .await
-    .expect("the standby takes over well within a LeaseDuration")
-    .expect("leadership");
+    .await;
     assert_eq!(holder(&store).as_deref(), Some("b"));
     println!(
         "take-over after the panic: {:?} after run returned",
@@ -486,21 +498,25 @@ async fn a_panicking_reconcile_releases_the_lease_so_a_standby_takes_over_at_onc
     );
 }
 
-/// An app whose terms are prepared by waiting for `ready`: the acquisition barrier of an app
-/// whose caches must catch up with the API server before its replay.
-struct Prepared {
-    ready: Arc<Notify>,
+/// An app that counts its replays and does nothing else, whose terms are first prepared by
+/// `prepare`: the acquisition barrier of an app whose caches must catch up with the API server
+/// before its replay.
+struct Prepared<P> {
+    prepare: P,
     replays: Arc<AtomicU64>,
 }
 
-impl Reconciler for Prepared {
+impl<P, Fut> Reconciler for Prepared<P>
+where
+    P: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     type Key = u32;
     type TermState = ();
     type Error = Fenced;
 
     fn prepare_term(&self, _term: &Term) -> impl Future<Output = ()> + Send + 'static {
-        let ready = self.ready.clone();
-        async move { ready.notified().await }
+        (self.prepare)()
     }
 
     fn start_term(&self, _term: &Term) {}
@@ -519,6 +535,20 @@ impl Reconciler for Prepared {
     }
 }
 
+/// [`Prepared`] whose every preparation waits until `ready` is notified.
+fn prepared_on(
+    ready: Arc<Notify>,
+    replays: Arc<AtomicU64>,
+) -> impl Reconciler<Key = u32, TermState = (), Error = Fenced> {
+    Prepared {
+        prepare: move || {
+            let ready = ready.clone();
+            async move { ready.notified().await }
+        },
+        replays,
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_term_registers_and_replays_only_once_its_preparation_is_done() {
     let (leadership, receiver) = watch::channel(None);
@@ -526,10 +556,7 @@ async fn a_term_registers_and_replays_only_once_its_preparation_is_done() {
     let replays = Arc::new(AtomicU64::new(0));
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        Prepared {
-            ready: ready.clone(),
-            replays: replays.clone(),
-        },
+        prepared_on(ready.clone(), replays.clone()),
     );
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();

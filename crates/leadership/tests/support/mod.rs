@@ -1,5 +1,5 @@
-//! What the example tests share: running an example's binary as a replica and reading its
-//! output lines.
+//! What the example tests share: the namespace they run in ([`World`]), running an example's
+//! binary as a replica and reading its output lines.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)] // tests fail loudly by design
 
 use std::{
@@ -11,6 +11,11 @@ use std::{
     time::Duration,
 };
 
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
 use parking_lot::Mutex;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -20,6 +25,99 @@ use tokio::{
 
 /// How long a test waits for a condition before failing.
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Short lease timings, so that a crash is taken over in seconds.
+pub const TIMINGS: [&str; 6] = [
+    "--lease-duration",
+    "4s",
+    "--renew-deadline",
+    "3s",
+    "--retry-period",
+    "1s",
+];
+
+/// One fresh namespace of the testbed holding the Lease and the ConfigMaps, with a label key of
+/// its own.
+pub struct World {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+    pub namespace: String,
+    /// `<prefix>/<namespace>`: unique to the test.
+    pub label: String,
+}
+
+// === impl World ===
+
+impl World {
+    /// A fresh namespace named after `test`, its label key under `prefix`.
+    pub async fn create(testbed: &testbed::Testbed, test: &str, prefix: &str) -> Self {
+        let client = testbed.client().await.unwrap();
+        let namespace = testbed.fresh_namespace(test).await.unwrap();
+        Self {
+            client,
+            kubeconfig: testbed.kubeconfig_path().to_path_buf(),
+            label: format!("{prefix}/{namespace}"),
+            namespace,
+        }
+    }
+
+    pub fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Creates ConfigMap `name` with `labels` (no labels at all when empty).
+    pub async fn create_config_map_labelled(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels = (!labels.is_empty()).then(|| {
+            (labels.iter())
+                .map(|(key, value)| ((*key).to_string(), (*value).to_string()))
+                .collect()
+        });
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels,
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        self.config_maps()
+            .create(&PostParams::default(), &config_map)
+            .await
+            .unwrap();
+    }
+
+    /// Starts the example `example` as the replica `identity`, with this namespace's kubeconfig
+    /// and `args`.
+    pub fn start_example(&self, example: &str, identity: &str, args: &[&str]) -> Replica {
+        let mut all: Vec<&OsStr> = vec!["--kubeconfig".as_ref(), self.kubeconfig.as_ref()];
+        all.extend(args.iter().map(OsStr::new));
+        Replica::spawn(identity, &example_binary(example), &all)
+    }
+}
+
+/// Runs `check` every 100 ms until it gives a value, and returns that; fails after [`WAIT`]
+/// with `failure` and the transcript of `replicas`.
+pub async fn wait_for_value<T, Fut>(
+    failure: &str,
+    replicas: &[&Replica],
+    mut check: impl FnMut() -> Fut,
+) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{failure}\n{}",
+            transcript(replicas)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// One process of the example, its output lines collected as they come.
 pub struct Replica {

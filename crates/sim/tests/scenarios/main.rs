@@ -24,7 +24,16 @@ const STALL_BOUND: Duration = Duration::from_secs(30);
 
 /// The replica leading, with `web` selecting vm-1 and vm-2, published and seen back by the cache.
 async fn leading_with_web() -> Scripted {
-    let scripted = Scripted::start(None).await;
+    let scripted = following_with_web(None).await;
+    lead_until_web_publishes_both(&scripted).await;
+    scripted.settle().await;
+    scripted
+}
+
+/// The replica started (still following) with the safeguard `off` switched off, if any, and
+/// `web` applied, selecting vm-1 and vm-2.
+async fn following_with_web(off: Option<Safeguard>) -> Scripted {
+    let scripted = Scripted::start(off).await;
     scripted.apply_service(web().build()).await;
     scripted
         .apply_workload(vm("vm-1", "10.0.0.1").build())
@@ -32,12 +41,46 @@ async fn leading_with_web() -> Scripted {
     scripted
         .apply_workload(vm("vm-2", "10.0.0.2").build())
         .await;
+    scripted
+}
+
+/// The replica leads a new term; waits until web publishes vm-1 and vm-2.
+async fn lead_until_web_publishes_both(scripted: &Scripted) {
     scripted.lead().await;
     scripted
         .wait_published("web", &["10.0.0.1", "10.0.0.2"])
         .await;
-    scripted.settle().await;
+}
+
+/// Applies `web` selecting vm-1 alone, leads, and waits until web publishes vm-1.
+async fn lead_with_web_on_vm_1(scripted: &Scripted) {
+    scripted.apply_service(web().build()).await;
     scripted
+        .apply_workload(vm("vm-1", "10.0.0.1").build())
+        .await;
+    scripted.lead().await;
+    scripted.wait_published("web", &["10.0.0.1"]).await;
+}
+
+/// Another party removes the endpoint with `address` from the slice `slice`.
+async fn remove_endpoint(scripted: &Scripted, slice: &str, address: &str) {
+    scripted
+        .edit_slice(slice, |stored| {
+            let endpoints = stored.endpoints.get_or_insert_default();
+            endpoints.retain(|e| e.addresses != [address]);
+        })
+        .await;
+}
+
+/// Waits 5 s and asserts that the replica, a follower, wrote no slice meanwhile: its slice
+/// writes are still the `writes` counted before.
+async fn assert_follower_writes_nothing(scripted: &Scripted, writes: usize) {
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        scripted.slice_writes().len(),
+        writes,
+        "a follower writes nothing"
+    );
 }
 
 /// The seed's scenario (leader-election-design-discussion): the replica leads and writes; it
@@ -52,19 +95,9 @@ fn reacquired_leader_recreates_slices_deleted_while_following() {
 
 fn recreates_slices_deleted_while_following(off: Option<Safeguard>) {
     run(|| async {
-        let scripted = Scripted::start(off).await;
-        scripted.apply_service(web().build()).await;
-        scripted
-            .apply_workload(vm("vm-1", "10.0.0.1").build())
-            .await;
-        scripted
-            .apply_workload(vm("vm-2", "10.0.0.2").build())
-            .await;
+        let scripted = following_with_web(off).await;
         scripted.hold_slice_watch();
-        scripted.lead().await;
-        scripted
-            .wait_published("web", &["10.0.0.1", "10.0.0.2"])
-            .await;
+        lead_until_web_publishes_both(&scripted).await;
         scripted.follow().await;
 
         // While following: someone deletes our slice; the watch then delivers our create and the
@@ -75,10 +108,7 @@ fn recreates_slices_deleted_while_following(off: Option<Safeguard>) {
         scripted.watch_caught_up().await;
 
         let waited = scripted.outcomes("Waited");
-        scripted.lead().await;
-        scripted
-            .wait_published("web", &["10.0.0.1", "10.0.0.2"])
-            .await;
+        lead_until_web_publishes_both(&scripted).await;
         scripted.settle().await;
         assert_eq!(
             scripted.outcomes("Waited"),
@@ -97,26 +127,13 @@ fn reacquired_leader_restores_slices_changed_while_following() {
         let scripted = leading_with_web().await;
         scripted.follow().await;
         let slice = scripted.only_slice("web");
-        scripted
-            .edit_slice(&slice, |slice| {
-                let endpoints = slice.endpoints.get_or_insert_default();
-                endpoints.retain(|e| e.addresses != ["10.0.0.2"]);
-            })
-            .await;
+        remove_endpoint(&scripted, &slice, "10.0.0.2").await;
         scripted.watch_caught_up().await;
         assert_eq!(scripted.published("web"), ["10.0.0.1"]);
         let writes = scripted.slice_writes().len();
-        sleep(Duration::from_secs(5)).await;
-        assert_eq!(
-            scripted.slice_writes().len(),
-            writes,
-            "a follower writes nothing"
-        );
+        assert_follower_writes_nothing(&scripted, writes).await;
 
-        scripted.lead().await;
-        scripted
-            .wait_published("web", &["10.0.0.1", "10.0.0.2"])
-            .await;
+        lead_until_web_publishes_both(&scripted).await;
         assert_eq!(scripted.only_slice("web"), slice, "updated in place");
         scripted.stop().await;
     });
@@ -177,12 +194,7 @@ fn write_conflict_is_reported_and_replanned_once_the_cache_catches_up() {
         let scripted = leading_with_web().await;
         let slice = scripted.only_slice("web");
         scripted.hold_slice_watch();
-        scripted
-            .edit_slice(&slice, |slice| {
-                let endpoints = slice.endpoints.get_or_insert_default();
-                endpoints.retain(|e| e.addresses != ["10.0.0.2"]);
-            })
-            .await;
+        remove_endpoint(&scripted, &slice, "10.0.0.2").await;
         scripted
             .apply_workload(vm("vm-3", "10.0.0.3").build())
             .await;
@@ -222,12 +234,7 @@ fn delete_of_a_slice_changed_since_planned_is_replanned_not_counted_as_deleted()
 fn delete_of_a_changed_slice(off: Option<Safeguard>) {
     run(|| async {
         let scripted = Scripted::start(off).await;
-        scripted.apply_service(web().build()).await;
-        scripted
-            .apply_workload(vm("vm-1", "10.0.0.1").build())
-            .await;
-        scripted.lead().await;
-        scripted.wait_published("web", &["10.0.0.1"]).await;
+        lead_with_web_on_vm_1(&scripted).await;
         scripted.settle().await;
 
         let slice = scripted.only_slice("web");
@@ -288,12 +295,7 @@ fn slice_watch_lagging_behind_our_writes(off: Option<Safeguard>) {
         let lag = Duration::from_secs(25);
         let scripted = Scripted::start(off).await;
         scripted.link().lag_watches_of("endpointslices", lag);
-        scripted.apply_service(web().build()).await;
-        scripted
-            .apply_workload(vm("vm-1", "10.0.0.1").build())
-            .await;
-        scripted.lead().await;
-        scripted.wait_published("web", &["10.0.0.1"]).await;
+        lead_with_web_on_vm_1(&scripted).await;
 
         // The cache has not shown our create through the watch (it is 25 s late).
         let changed = Instant::now();
@@ -345,13 +347,8 @@ fn replay_after_reacquire_publishes_changes_made_while_following() {
         scripted.apply_service(api.build()).await;
         let api_vm = vm("vm-api", "10.0.1.1").label("app", "api");
         scripted.apply_workload(api_vm.build()).await;
-        sleep(Duration::from_secs(5)).await;
+        assert_follower_writes_nothing(&scripted, writes).await;
         assert!(scripted.is_idle(), "a follower queues nothing");
-        assert_eq!(
-            scripted.slice_writes().len(),
-            writes,
-            "a follower writes nothing"
-        );
 
         scripted.lead().await;
         scripted
@@ -438,35 +435,18 @@ fn without_additions_a_lost_workload_watch_puts_back_a_deleted_workload() {
 }
 
 fn lost_workload_watch(off: Option<Safeguard>) {
-    run(|| async {
-        // vm-2 leaves web: its removal is published.
-        let scripted = leading_without_web_vm_2(off).await;
-
-        // The workload watch goes silent; at the stall bound it is restarted on a new
-        // connection (its stream lost), and the new streams stay silent too.
-        scripted.link().hold_watches_of("externalworkloads");
-        sleep(STALL_BOUND + Duration::from_secs(1)).await;
-        scripted.delete_workload("vm-2").await;
-        // web now selects what vm-2 was relabelled to: the Service watch delivers that at once.
-        scripted
-            .apply_service(web().selector("app", "db").build())
-            .await;
-        sleep(Duration::from_secs(5)).await;
-        assert!(
-            !scripted.published("web").contains(&"10.0.0.2".to_string()),
-            "a deleted workload was put back: {:?}",
-            scripted.published("web")
-        );
-        assert!(
-            scripted.metric("view_waits_total{reason=\"lost_watch\"}") > Some(0.0),
-            "the API server did not confirm the addition while the watch was lost"
-        );
-
-        scripted.link().release_watches();
-        scripted.wait_published("web", &[]).await;
-        scripted.settle().await;
-        scripted.stop().await;
-    });
+    // The workload watch goes silent; at the stall bound it is restarted on a new connection
+    // (its stream lost), and the new streams stay silent too.
+    held_watch(
+        "externalworkloads",
+        off,
+        "a deleted workload was put back",
+        "lost_watch",
+        async |scripted| {
+            sleep(STALL_BOUND + Duration::from_secs(1)).await;
+            delete_vm_2_and_select_db(scripted).await;
+        },
+    );
 }
 
 /// One watch behind another without losing its stream: the workload watch is late (held here,
@@ -486,17 +466,22 @@ fn without_additions_a_lagging_workload_watch_puts_back_a_deleted_workload() {
 }
 
 fn lagging_workload_watch(off: Option<Safeguard>) {
-    lagging_watch(
+    held_watch(
         "externalworkloads",
         off,
         "a deleted workload was put back",
-        async |scripted| {
-            scripted.delete_workload("vm-2").await;
-            scripted
-                .apply_service(web().selector("app", "db").build())
-                .await;
-        },
+        "unconfirmed",
+        async |scripted| delete_vm_2_and_select_db(scripted).await,
     );
+}
+
+/// vm-2 deleted, then web selecting what vm-2 was relabelled to (`app: db`): the Service watch
+/// delivers that at once.
+async fn delete_vm_2_and_select_db(scripted: &Scripted) {
+    scripted.delete_workload("vm-2").await;
+    scripted
+        .apply_service(web().selector("app", "db").build())
+        .await;
 }
 
 /// The other way round: the Service watch is late. web moves to another selector (unseen), then
@@ -515,10 +500,11 @@ fn without_additions_a_lagging_service_watch_adds_by_an_old_selector() {
 }
 
 fn lagging_service_watch(off: Option<Safeguard>) {
-    lagging_watch(
+    held_watch(
         "services",
         off,
         "added by a selector the Service has left",
+        "unconfirmed",
         async |scripted| {
             scripted
                 .apply_service(web().selector("app", "api").build())
@@ -530,14 +516,15 @@ fn lagging_service_watch(off: Option<Safeguard>) {
     );
 }
 
-/// From [`leading_without_web_vm_2`]: the watch of `resource` held (late, within the stall
-/// bound) while `change` is made; 5 s later vm-2 must not be published (else: `failure`), and
-/// the API server must have refused to confirm its addition; once the watch delivers, web
+/// From [`leading_without_web_vm_2`]: the watch of `resource` held while `change` is made; 5 s
+/// later vm-2 must not be published (else: `failure`), and the API server must have been asked
+/// to confirm the addition (a view wait counted with `reason`); once the watch delivers, web
 /// publishes nothing.
-fn lagging_watch(
+fn held_watch(
     resource: &'static str,
     off: Option<Safeguard>,
     failure: &'static str,
+    reason: &'static str,
     change: impl AsyncFnOnce(&Scripted),
 ) {
     run(|| async {
@@ -551,8 +538,8 @@ fn lagging_watch(
             scripted.published("web")
         );
         assert!(
-            scripted.metric("view_waits_total{reason=\"unconfirmed\"}") > Some(0.0),
-            "the API server did not confirm the addition"
+            scripted.metric(&format!("view_waits_total{{reason=\"{reason}\"}}")) > Some(0.0),
+            "the API server did not confirm the addition (no {reason} wait)"
         );
 
         scripted.link().release_watches();
@@ -565,18 +552,8 @@ fn lagging_watch(
 /// The replica leading, web selecting vm-1 and vm-2, then vm-2 relabelled out of web: its
 /// removal published and seen back. The safeguard `off` is switched off.
 async fn leading_without_web_vm_2(off: Option<Safeguard>) -> Scripted {
-    let scripted = Scripted::start(off).await;
-    scripted.apply_service(web().build()).await;
-    scripted
-        .apply_workload(vm("vm-1", "10.0.0.1").build())
-        .await;
-    scripted
-        .apply_workload(vm("vm-2", "10.0.0.2").build())
-        .await;
-    scripted.lead().await;
-    scripted
-        .wait_published("web", &["10.0.0.1", "10.0.0.2"])
-        .await;
+    let scripted = following_with_web(off).await;
+    lead_until_web_publishes_both(&scripted).await;
     scripted
         .apply_workload(vm("vm-2", "10.0.0.2").label("app", "db").build())
         .await;

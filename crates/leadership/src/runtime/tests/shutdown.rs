@@ -40,12 +40,7 @@ async fn shutdown_drains_queued_and_in_flight_work_then_releases_the_lease() {
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(elector(&store, "a"), shutdown.clone()));
-    assert!(
-        eventually(Duration::from_millis(100), || gate
-            .registered_term()
-            .is_some())
-        .await
-    );
+    assert_registered(&gate, true, Duration::from_millis(100)).await;
 
     let started = Instant::now();
     shutdown.cancel();
@@ -81,16 +76,10 @@ async fn shutdown_leaves_the_lease_to_expire_when_work_still_hangs_at_the_drain_
     };
     let runtime = Runtime::new(
         config,
-        app(
-            |_term: &Term| (),
-            |context: &TermContext<u32, ()>| {
-                context.enqueue(1);
-            },
-            |_key: u32, _context: TermContext<u32, ()>| async {
-                std::future::pending::<()>().await;
-                Ok::<_, Fenced>(Action::Done)
-            },
-        ),
+        replaying_key_1(|_key, _context| async {
+            std::future::pending::<()>().await;
+            Ok::<_, Fenced>(Action::Done)
+        }),
     );
     let queue = runtime.queue();
     let shutdown = CancellationToken::new();
@@ -114,14 +103,7 @@ async fn a_follower_shuts_down_at_once_and_writes_nothing() {
     leading.wait_for(Option::is_some).await.expect("b leads");
     let writes = store.writes().len();
 
-    let runtime = Runtime::new(
-        RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |_context: &TermContext<u32, ()>| {},
-            |_key: u32, _context: TermContext<u32, ()>| async { Ok::<_, Fenced>(Action::Done) },
-        ),
-    );
+    let runtime = Runtime::new(RuntimeConfig::default(), idle_app());
     let shutdown = CancellationToken::new();
     let follower = elector(&store, "a");
     let run = tokio::spawn(runtime.run(follower, shutdown.clone()));
@@ -143,24 +125,18 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
     let started = Arc::new(Notify::new());
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |context: &TermContext<u32, ()>| {
-                context.enqueue(1);
-            },
-            {
+        replaying_key_1({
+            let started = started.clone();
+            move |_key, _context| {
                 let started = started.clone();
-                move |_key: u32, _context: TermContext<u32, ()>| {
-                    let started = started.clone();
-                    async move {
-                        // A write hanging on a dead connection.
-                        started.notify_one();
-                        std::future::pending::<()>().await;
-                        Ok::<_, Fenced>(Action::Done)
-                    }
+                async move {
+                    // A write hanging on a dead connection.
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok::<_, Fenced>(Action::Done)
                 }
-            },
-        ),
+            }
+        }),
     );
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
@@ -170,11 +146,12 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
     // that term can write any more, so the exit must not wait for the drain deadline (10 s).
     shutdown.cancel();
     leadership.send_replace(None);
-    timeout(Duration::from_secs(1), run)
-        .await
-        .expect("returned well before the drain deadline")
-        .expect("task")
-        .expect("clean shutdown");
+    returns_cleanly_within(
+        run,
+        Duration::from_secs(1),
+        "returned well before the drain deadline",
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -182,10 +159,7 @@ async fn shutdown_while_preparing_releases_at_once() {
     let (_leadership, receiver) = watch::channel(Some(Term::unbounded()));
     let runtime = Runtime::new(
         RuntimeConfig::default(),
-        Prepared {
-            ready: Arc::new(Notify::new()),
-            replays: Arc::new(AtomicU64::new(0)),
-        },
+        prepared_on(Arc::new(Notify::new()), Arc::new(AtomicU64::new(0))),
     );
     let gate = runtime.gate();
     let shutdown = CancellationToken::new();
@@ -193,9 +167,10 @@ async fn shutdown_while_preparing_releases_at_once() {
     sleep(Duration::from_secs(1)).await;
     assert_eq!(gate.registered_term(), None);
     shutdown.cancel();
-    timeout(Duration::from_millis(1), run)
-        .await
-        .expect("nothing to drain: returned at once")
-        .expect("task")
-        .expect("clean shutdown");
+    returns_cleanly_within(
+        run,
+        Duration::from_millis(1),
+        "nothing to drain: returned at once",
+    )
+    .await;
 }

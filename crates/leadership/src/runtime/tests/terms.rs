@@ -45,6 +45,16 @@ fn recording_runtime(work: Duration) -> (Runtime<u32, u64, Fenced>, Arc<Seen>) {
     (runtime, seen)
 }
 
+/// The term `leadership` shows, once it shows one.
+async fn first_term(leadership: &mut Leadership) -> Term {
+    leadership
+        .wait_for(Option::is_some)
+        .await
+        .expect("leadership")
+        .clone()
+        .expect("leading")
+}
+
 /// Two handles on one elector of "a" (one per runtime), once "a" leads.
 async fn two_handles_leading(store: &MemoryLeaseStore) -> (ElectorHandle, ElectorHandle) {
     let first = elector(store, "a");
@@ -63,12 +73,7 @@ async fn two_runtimes_under_one_lease_stop_at_a_terms_end_and_start_fresh_at_the
     let first = elector(&store, "a");
     let second = first.share();
     let mut leadership = first.leadership();
-    let term1 = leadership
-        .wait_for(Option::is_some)
-        .await
-        .expect("leadership")
-        .clone()
-        .expect("a leads");
+    let term1 = first_term(&mut leadership).await;
     let (slices, slices_seen) = recording_runtime(Duration::from_millis(10));
     let (routes, routes_seen) = recording_runtime(Duration::from_millis(10));
     let (slices_gate, routes_gate) = (slices.gate(), routes.gate());
@@ -151,42 +156,13 @@ async fn a_panicking_reconcile_ends_the_term_for_every_runtime_under_the_lease()
     let (first, second) = two_handles_leading(&store).await;
     let standby = elector(&store, "b");
     sleep(Duration::from_millis(700)).await; // b has polled and watches the Lease
-    let panicking = Runtime::new(
-        RuntimeConfig::default(),
-        app(
-            |_term: &Term| (),
-            |context: &TermContext<u32, ()>| {
-                context.enqueue(1);
-            },
-            |_key: u32, _context: TermContext<u32, ()>| async move {
-                panic!("bug in reconcile");
-                #[allow(unreachable_code)]
-                Ok::<_, Fenced>(Action::Done)
-            },
-        ),
-    );
+    let panicking = Runtime::new(RuntimeConfig::default(), panicking_app());
     let (healthy, _) = recording_runtime(Duration::from_millis(10));
     let healthy_gate = healthy.gate();
     let shutdown = CancellationToken::new();
     let healthy_run = tokio::spawn(healthy.run(second, shutdown.clone()));
-    let result = timeout(
-        Duration::from_secs(1),
-        panicking.run(first, shutdown.clone()),
-    )
-    .await
-    .expect("returned");
-    assert!(
-        matches!(result, Err(RuntimeError::WorkerFailed(_))),
-        "{result:?}"
-    );
-    let mut standby_leading = standby.leadership();
-    timeout(
-        Duration::from_millis(100),
-        standby_leading.wait_for(Option::is_some),
-    )
-    .await
-    .expect("the standby takes over at once")
-    .expect("leadership");
+    ends_with_a_failed_worker(panicking, first, shutdown.clone()).await;
+    leads_within_100_ms(&standby, "the standby takes over at once").await;
     assert_eq!(holder(&store).as_deref(), Some("b"));
     assert_eq!(
         healthy_gate.registered_term(),
@@ -199,40 +175,22 @@ async fn a_panicking_reconcile_ends_the_term_for_every_runtime_under_the_lease()
     assert_eq!(holder(&store).as_deref(), Some("b"), "b's Lease untouched");
 }
 
-/// An app whose first term's preparation never finishes (a cache that never catches up) and
-/// whose later ones finish at once.
-struct StuckOnce {
-    stuck: AtomicBool,
+/// [`Prepared`] whose first term's preparation never finishes (a cache that never catches up)
+/// and whose later ones finish at once.
+fn stuck_once(
     replays: Arc<AtomicU64>,
-}
-
-impl Reconciler for StuckOnce {
-    type Key = u32;
-    type TermState = ();
-    type Error = Fenced;
-
-    fn prepare_term(&self, _term: &Term) -> impl Future<Output = ()> + Send + 'static {
-        let stuck = self.stuck.swap(false, Ordering::SeqCst);
-        async move {
-            if stuck {
-                std::future::pending::<()>().await;
+) -> impl Reconciler<Key = u32, TermState = (), Error = Fenced> {
+    let stuck = AtomicBool::new(true);
+    Prepared {
+        prepare: move || {
+            let stuck = stuck.swap(false, Ordering::SeqCst);
+            async move {
+                if stuck {
+                    std::future::pending::<()>().await;
+                }
             }
-        }
-    }
-
-    fn start_term(&self, _term: &Term) {}
-
-    fn replay(&self, _context: &TermContext<u32, ()>) {
-        self.replays.fetch_add(1, Ordering::SeqCst);
-    }
-
-    #[allow(clippy::manual_async_fn)] // the trait asks for a future that does not borrow `self`
-    fn reconcile(
-        &self,
-        _key: u32,
-        _context: TermContext<u32, ()>,
-    ) -> impl Future<Output = Result<Action, Fenced>> + Send + 'static {
-        async { Ok(Action::Done) }
+        },
+        replays,
     }
 }
 
@@ -255,10 +213,7 @@ async fn a_preparation_past_the_prepare_timeout_gives_the_term_up_and_competes_a
             .prepare_timeout(Duration::from_secs(5))
             .build()
             .expect("valid"),
-        StuckOnce {
-            stuck: AtomicBool::new(true),
-            replays: replays.clone(),
-        },
+        stuck_once(replays.clone()),
     );
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(leader, shutdown.clone()));
@@ -312,12 +267,7 @@ async fn giving_up_a_term_that_is_already_over_does_nothing() {
     let leader = elector(&store, "a");
     let metrics = leader.metrics();
     let mut leading = leader.leadership();
-    let term1 = leading
-        .wait_for(Option::is_some)
-        .await
-        .expect("leadership")
-        .clone()
-        .expect("a leads");
+    let term1 = first_term(&mut leading).await;
     store.put(Some(with_holder(&store, Some("b"))));
     leading
         .wait_for(Option::is_none)
