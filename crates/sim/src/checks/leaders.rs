@@ -1,6 +1,7 @@
 //! Check (b), at most one acting leader: the replicas' published terms whose fence would let a
 //! write through, and the excuses an overlap can have ([`Known::MissingLeaseAtStart`], a Lease
-//! created blind within the stall bound).
+//! changed from outside under one of them within RenewDeadline ([`Known::ForcedLeaseChange`]),
+//! a Lease created blind within the stall bound).
 
 use tokio::time::Instant;
 
@@ -71,9 +72,21 @@ impl Checks {
                     .created_lease_at
                     .is_some_and(|created| term.acquired_at() <= created)
         });
+        // Or someone outside the replicas deleted or overwrote the Lease under one of them
+        // less than RenewDeadline ago: that holder learns it only when a renewal fails (or its
+        // watch shows the record), and until then the API server's fence refuses its writes
+        // (check (a) judges any that land, with the same excuse).
+        let forced = acting.iter().any(|(replica, _)| {
+            let record = &state.replicas[*replica];
+            record.forced_end.is_some_and(|(ended, incarnation)| {
+                incarnation == record.incarnation && now - ended < self.judge.renew_deadline
+            })
+        });
         let detail = format!("acting at once: {}", names.join(", "));
         let known = if known {
             Some(Known::MissingLeaseAtStart)
+        } else if forced {
+            Some(Known::ForcedLeaseChange)
         } else {
             blind.then_some(Known::StalledWatchWithinBound)
         };
