@@ -389,12 +389,30 @@ mod tests {
         assert!(!confirmed(&test, &service, &[]).await, "deleted");
     }
 
+    /// One workload more than [`GET_AT_MOST`].
+    fn more_than_get_at_most() -> Vec<ExternalWorkload> {
+        (0..=GET_AT_MOST)
+            .map(|index| vm(&format!("vm-{index}"), &format!("10.0.0.{}", index + 1)).build())
+            .collect()
+    }
+
+    /// How many of `calls` listed workloads, and how many read one.
+    fn workload_reads(calls: &[String]) -> (usize, usize) {
+        let lists = calls
+            .iter()
+            .filter(|call| call.ends_with("/externalworkloads"))
+            .count();
+        let gets = calls
+            .iter()
+            .filter(|call| call.contains("externalworkloads/"))
+            .count();
+        (lists, gets)
+    }
+
     #[tokio::test]
     async fn many_added_workloads_are_read_by_one_list() {
         let test = TestApi::new();
-        let many: Vec<ExternalWorkload> = (0..=GET_AT_MOST)
-            .map(|index| vm(&format!("vm-{index}"), &format!("10.0.0.{}", index + 1)).build())
-            .collect();
+        let many = more_than_get_at_most();
         let (service, workloads) = stored(&test, &many).await;
         let read: Vec<&CachedWorkload> = workloads.iter().collect();
         assert!(confirmed(&test, &service, &read).await, "as cached");
@@ -404,23 +422,14 @@ mod tests {
             .unwrap();
         assert!(!confirmed(&test, &service, &read).await, "one deleted");
         let calls = test.calls();
-        let lists = calls
-            .iter()
-            .filter(|call| call.ends_with("/externalworkloads"))
-            .count();
-        let gets = calls
-            .iter()
-            .filter(|call| call.contains("externalworkloads/"))
-            .count();
+        let (lists, gets) = workload_reads(&calls);
         assert_eq!((lists, gets), (2, 0), "{calls:?}");
     }
 
     #[tokio::test]
     async fn in_a_large_namespace_the_same_additions_are_read_by_gets() {
         let test = TestApi::new();
-        let many: Vec<ExternalWorkload> = (0..=GET_AT_MOST)
-            .map(|index| vm(&format!("vm-{index}"), &format!("10.0.0.{}", index + 1)).build())
-            .collect();
+        let many = more_than_get_at_most();
         let (service, workloads) = stored(&test, &many).await;
         let read: Vec<&CachedWorkload> = workloads.iter().collect();
         // As if the namespace held 1,000 workloads: a LIST would filter all of them.
@@ -429,14 +438,7 @@ mod tests {
             .unwrap();
         assert!(agrees, "as cached");
         let calls = test.calls();
-        let lists = calls
-            .iter()
-            .filter(|call| call.ends_with("/externalworkloads"))
-            .count();
-        let gets = calls
-            .iter()
-            .filter(|call| call.contains("externalworkloads/"))
-            .count();
+        let (lists, gets) = workload_reads(&calls);
         assert_eq!((lists, gets), (0, read.len()), "{calls:?}");
     }
 }

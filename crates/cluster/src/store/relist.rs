@@ -1,8 +1,6 @@
 //! The re-list of a whole kind: listed objects enter the store one by one as they arrive, then
 //! what the list no longer holds is removed, and the tombstones the list has passed are dropped.
 
-use std::sync::Arc;
-
 use slices::Text;
 
 use super::{Cached, Change, HashSet, Store, newer_than};
@@ -43,16 +41,7 @@ impl<K: Cached> Store<K> {
         if let Some(seen) = relist.seen.as_mut() {
             seen.insert((object.namespace().clone(), object.name().clone()));
         }
-        let mut inner = self.inner.write();
-        if !inner.is_newer(&object) {
-            return None;
-        }
-        let new = Arc::new(object);
-        let old = inner.insert(&self.index, new.clone());
-        Some(Change {
-            old,
-            new: Some(new),
-        })
+        self.apply(object)
     }
 
     /// Ends a re-list whose list was read at `version`: removes the cached objects the list did
