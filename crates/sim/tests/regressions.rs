@@ -53,3 +53,22 @@ fn a_replica_whose_term_ended_does_not_recreate_a_deleted_lease_that_last_named_
     // replica had taken the Lease in between.
     passes_with_one_leader_at_a_time(779);
 }
+
+#[test]
+fn a_write_sent_before_a_workload_is_deleted_does_not_publish_its_removal() {
+    // Seed 2695: one pass's two writes, planned from reads before vm-5's deletion, were held on
+    // the link past it. The first (a create) left vm-5 out because the second (an update) put it
+    // into another slice; check (c) took the create for the publish of vm-5's removal and the
+    // update for the removal undone. A removal is published only by a write sent after the
+    // change that made the endpoint unwanted. The scenarios `without_additions_*` show the check
+    // still finds a removal truly undone.
+    let report = run(2695);
+    assert!(
+        report
+            .violations
+            .iter()
+            .all(|violation| violation.check != Check::RemovedCameBack),
+        "{report}"
+    );
+    assert!(report.passed(), "{report}");
+}

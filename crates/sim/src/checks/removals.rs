@@ -5,6 +5,7 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tokio::time::Instant;
 
 use super::{
     Check, Checks, Known, State,
@@ -94,12 +95,27 @@ impl Checks {
             }
         }
         // What a replica's write just left out, because its workload is gone or no longer
-        // selected (someone else's edit publishes nothing).
+        // selected (someone else's edit publishes nothing). A write sent before the change
+        // that made the endpoint unwanted did not leave it out for that reason: it was planned
+        // without it (the first write of a pass that puts it into another slice, say), and a
+        // write planned from reads taken before the change (the same pass's next write, held
+        // on the way) putting it back is the read-to-write race that the published side's
+        // bound covers, not a removal undone (simulation seed 2695).
+        let sent_at = replica
+            .and_then(|_| writer.split(' ').next())
+            .and_then(|name| state.replica_named(name))
+            .and_then(|index| state.replicas[index].landing.as_ref())
+            .map(|sent| sent.at());
         if let Some(replica) = replica {
             for uid in state.candidates(namespace, service) {
                 let entry = (namespace.to_string(), service.to_string(), uid);
+                let sent_after_change = match (sent_at, state.unwanted_since.get(&entry)) {
+                    (Some(sent), Some(since)) => sent >= *since,
+                    _ => true,
+                };
                 if !present.contains(&entry.2)
                     && !wanted(&entry.2)
+                    && sent_after_change
                     && !state.removed.contains_key(&entry)
                 {
                     newly_removed.push((entry, replica.clone()));
@@ -222,6 +238,34 @@ impl State {
             entry.clone_from(present);
         } else {
             entry.extend(present.iter().cloned());
+        }
+    }
+
+    /// After a change of a Service or a workload: notes when each endpoint a Service's slices
+    /// hold (or held) stopped being wanted, and forgets that once it is wanted again.
+    pub(super) fn note_unwanted(&mut self) {
+        let now = Instant::now();
+        let held: Vec<(String, String, String)> = self
+            .present
+            .iter()
+            .flat_map(|((namespace, service), uids)| {
+                uids.iter()
+                    .map(move |uid| (namespace.clone(), service.clone(), uid.clone()))
+            })
+            .collect();
+        for entry in held {
+            if !self.wanted(&entry.0, &entry.1, &entry.2) {
+                self.unwanted_since.entry(entry).or_insert(now);
+            }
+        }
+        let wanted_again: Vec<_> = self
+            .unwanted_since
+            .keys()
+            .filter(|(namespace, service, uid)| self.wanted(namespace, service, uid))
+            .cloned()
+            .collect();
+        for entry in wanted_again {
+            self.unwanted_since.remove(&entry);
         }
     }
 

@@ -55,6 +55,7 @@ impl Checks {
         }
         if matches!(applied.plural.as_str(), "services" | "externalworkloads") {
             state.forget_wanted_again();
+            state.note_unwanted();
         }
     }
 
