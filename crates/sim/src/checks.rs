@@ -13,9 +13,9 @@
 //! - **(b) At most one acting leader**: at no instant do two replicas hold a term whose fence
 //!   would let a write through; looked at on every leadership change, every Lease write (each
 //!   renewal) and every slice write sent.
-//! - **(c) Nothing deleted comes back**: once a replica's write, sent after the workload was
-//!   deleted or stopped matching, left its endpoint out of its Service's slices, no later write
-//!   puts it back while that is still so. And every endpoint published in a Service's slices is
+//! - **(c) Nothing deleted comes back**: once a replica's pass (the writes that carry one trigger
+//!   time) left a workload's endpoint out of its Service's slices because the workload was
+//!   deleted or stopped matching, no later write puts it back while that is still so. And every endpoint published in a Service's slices is
 //!   selected by the Service and its workload exists, within a bound of the change that made
 //!   it unwanted; the bound counts only time when a replica may write (one acts as leader and
 //!   reaches the API server).
@@ -168,10 +168,9 @@ struct State {
     /// (namespace, service) → workload uids in its slices as the last replica's slice write left
     /// them, with what others' edits added since.
     present: BTreeMap<(String, String), BTreeSet<String>>,
-    /// (namespace, service, workload uid) held in the Service's slices (`present`) when a change
-    /// of the Service or the workload made it unwanted → when; only a replica write sent after
-    /// that publishes its removal.
-    unwanted_since: BTreeMap<(String, String, String), Instant>,
+    /// (namespace, service) → the removals the writes of a replica's pass left out so far,
+    /// published when the pass ends.
+    pending: BTreeMap<(String, String), removals::Pending>,
     last_slice_write: Instant,
     slice_writes: u64,
     /// The recent writes of each slice: when, and by whom.
@@ -234,7 +233,7 @@ impl Checks {
                 workloads: BTreeMap::new(),
                 removed: BTreeMap::new(),
                 present: BTreeMap::new(),
-                unwanted_since: BTreeMap::new(),
+                pending: BTreeMap::new(),
                 last_slice_write: now,
                 slice_writes: 0,
                 slice_history: BTreeMap::new(),

@@ -55,13 +55,13 @@ fn a_replica_whose_term_ended_does_not_recreate_a_deleted_lease_that_last_named_
 }
 
 #[test]
-fn a_write_sent_before_a_workload_is_deleted_does_not_publish_its_removal() {
-    // Seed 2695: one pass's two writes, planned from reads before vm-5's deletion, were held on
-    // the link past it. The first (a create) left vm-5 out because the second (an update) put it
-    // into another slice; check (c) took the create for the publish of vm-5's removal and the
-    // update for the removal undone. A removal is published only by a write sent after the
-    // change that made the endpoint unwanted. The scenarios `without_additions_*` show the check
-    // still finds a removal truly undone.
+fn a_pass_that_puts_a_workload_into_another_slice_does_not_publish_its_removal_midway() {
+    // Seed 2695: one pass, planned from reads before vm-5's deletion, wrote a new slice and then
+    // an update putting vm-5 into another slice (a foreign edit had taken it out); its writes
+    // were held past the deletion. Check (c) took the first write for the publish of vm-5's
+    // removal and the second for the removal undone. A pass's writes (one trigger time) are one
+    // decision: what it leaves out is published when the pass ends. The scenarios
+    // `without_additions_*` show the check still finds a removal truly undone.
     let report = run(2695);
     assert!(
         report

@@ -2,10 +2,12 @@
 //! undoes one (and its excuses: [`Known::OwnerGone`], a stalled watch within its bound, a late
 //! write's own), and the endpoints that stay published though unwanted.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use tokio::time::Instant;
 
 use super::{
     Check, Checks, Known, State,
@@ -61,7 +63,9 @@ impl Checks {
         }
     }
 
-    /// Check (c) for one Service after a write to its slices.
+    /// Check (c) for one Service after a write to its slices. `pass` names the pass a replica's
+    /// create or update belongs to (its writer and the trigger time the pass stamps on every
+    /// slice it writes); a replica's delete, or someone else's write, has none.
     pub(super) fn check_removals(
         &self,
         state: &mut State,
@@ -70,7 +74,22 @@ impl Checks {
         replica: Option<&String>,
         writer: &str,
         orphan: bool,
+        pass: Option<&Pass>,
     ) {
+        let key = (namespace.to_string(), service.to_string());
+        // A pass's writes are one decision: what its first writes leave out, a later write of
+        // the same pass may put into another slice (simulation seed 2695). Another write ends
+        // the pass, and what it left out is published as removed.
+        let same_pass =
+            pass.is_some() && state.pending.get(&key).map(|pending| &pending.pass) == pass;
+        if !same_pass && let Some(pending) = state.pending.remove(&key) {
+            for (uid, published) in pending.left_out {
+                let entry = (key.0.clone(), key.1.clone(), uid);
+                if !state.wanted(&entry.0, &entry.1, &entry.2) {
+                    state.removed.entry(entry).or_insert(published);
+                }
+            }
+        }
         let present: BTreeSet<String> = state
             .slices
             .iter()
@@ -95,28 +114,18 @@ impl Checks {
             }
         }
         // What a replica's write just left out, because its workload is gone or no longer
-        // selected (someone else's edit publishes nothing). A write sent before the change
-        // that made the endpoint unwanted did not leave it out for that reason: it was planned
-        // without it (the first write of a pass that puts it into another slice, say), and a
-        // write planned from reads taken before the change (the same pass's next write, held
-        // on the way) putting it back is the read-to-write race that the published side's
-        // bound covers, not a removal undone (simulation seed 2695).
-        let sent_at = replica
-            .and_then(|_| writer.split(' ').next())
-            .and_then(|name| state.replica_named(name))
-            .and_then(|index| state.replicas[index].landing.as_ref())
-            .map(|sent| sent.at());
+        // selected (someone else's edit publishes nothing).
         if let Some(replica) = replica {
             for uid in state.candidates(namespace, service) {
                 let entry = (namespace.to_string(), service.to_string(), uid);
-                let sent_after_change = match (sent_at, state.unwanted_since.get(&entry)) {
-                    (Some(sent), Some(since)) => sent >= *since,
-                    _ => true,
-                };
+                let pending = state
+                    .pending
+                    .get(&key)
+                    .is_some_and(|pending| pending.left_out.contains_key(&entry.2));
                 if !present.contains(&entry.2)
                     && !wanted(&entry.2)
-                    && sent_after_change
                     && !state.removed.contains_key(&entry)
+                    && !pending
                 {
                     newly_removed.push((entry, replica.clone()));
                 }
@@ -125,7 +134,25 @@ impl Checks {
         for entry in wanted_again {
             state.removed.remove(&entry);
         }
-        state.removed.extend(newly_removed);
+        match pass {
+            // Published when the pass ends, unless a later write of it puts them back.
+            Some(pass) => {
+                let pending = state.pending.entry(key.clone()).or_insert_with(|| Pending {
+                    pass: pass.clone(),
+                    left_out: BTreeMap::new(),
+                });
+                pending.left_out.retain(|uid, _| !present.contains(uid));
+                pending.left_out.extend(
+                    newly_removed
+                        .into_iter()
+                        .map(|((_, _, uid), published)| (uid, published)),
+                );
+                if pending.left_out.is_empty() {
+                    state.pending.remove(&key);
+                }
+            }
+            None => state.removed.extend(newly_removed),
+        }
         state.seen_in(namespace, service, &present, replica.is_some());
         for (entry, published) in came_back {
             state.removed.remove(&entry);
@@ -165,6 +192,22 @@ impl Checks {
             self.record(state, Check::RemovedCameBack, detail, known);
         }
     }
+}
+
+/// One pass of a replica's writes, as the slices it writes show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Pass {
+    /// Who wrote (the API's record of the caller).
+    pub(super) caller: String,
+    /// The trigger time the pass stamps on every slice it creates or updates.
+    pub(super) trigger: String,
+}
+
+/// What the writes of a pass not yet over left out of a Service's slices, unwanted.
+pub(super) struct Pending {
+    pass: Pass,
+    /// Workload uid → who published its removal (if the pass ends without putting it back).
+    left_out: BTreeMap<String, String>,
 }
 
 // === impl State ===
@@ -241,36 +284,9 @@ impl State {
         }
     }
 
-    /// After a change of a Service or a workload: notes when each endpoint a Service's slices
-    /// hold (or held) stopped being wanted, and forgets that once it is wanted again.
-    pub(super) fn note_unwanted(&mut self) {
-        let now = Instant::now();
-        let held: Vec<(String, String, String)> = self
-            .present
-            .iter()
-            .flat_map(|((namespace, service), uids)| {
-                uids.iter()
-                    .map(move |uid| (namespace.clone(), service.clone(), uid.clone()))
-            })
-            .collect();
-        for entry in held {
-            if !self.wanted(&entry.0, &entry.1, &entry.2) {
-                self.unwanted_since.entry(entry).or_insert(now);
-            }
-        }
-        let wanted_again: Vec<_> = self
-            .unwanted_since
-            .keys()
-            .filter(|(namespace, service, uid)| self.wanted(namespace, service, uid))
-            .cloned()
-            .collect();
-        for entry in wanted_again {
-            self.unwanted_since.remove(&entry);
-        }
-    }
-
-    /// Forgets the removals whose workload the Service selects again: a removal stands only
-    /// while its workload stays unwanted, and once it is wanted, putting it back is right.
+    /// Forgets the removals (published, or left out by a pass not yet over) whose workload the
+    /// Service selects again: a removal stands only while its workload stays unwanted, and once
+    /// it is wanted, putting it back is right.
     pub(super) fn forget_wanted_again(&mut self) {
         let wanted: Vec<_> = self
             .removed
@@ -280,6 +296,26 @@ impl State {
             .collect();
         for entry in wanted {
             self.removed.remove(&entry);
+        }
+        let pending: Vec<(String, String, String)> = self
+            .pending
+            .iter()
+            .flat_map(|((namespace, service), pending)| {
+                pending
+                    .left_out
+                    .keys()
+                    .map(move |uid| (namespace.clone(), service.clone(), uid.clone()))
+            })
+            .filter(|(namespace, service, uid)| self.wanted(namespace, service, uid))
+            .collect();
+        for (namespace, service, uid) in pending {
+            let key = (namespace, service);
+            if let Some(entry) = self.pending.get_mut(&key) {
+                entry.left_out.remove(&uid);
+                if entry.left_out.is_empty() {
+                    self.pending.remove(&key);
+                }
+            }
         }
     }
 }

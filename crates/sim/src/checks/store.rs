@@ -6,10 +6,10 @@ use std::collections::BTreeSet;
 
 use api::v1beta1::ExternalWorkload;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-use slices::SERVICE_NAME_LABEL;
+use slices::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL};
 use tokio::time::Instant;
 
-use super::{Checks, State};
+use super::{Checks, State, removals::Pass};
 
 // === impl Checks ===
 
@@ -55,7 +55,6 @@ impl Checks {
         }
         if matches!(applied.plural.as_str(), "services" | "externalworkloads") {
             state.forget_wanted_again();
-            state.note_unwanted();
         }
     }
 
@@ -91,6 +90,21 @@ impl Checks {
             applied.revision,
             key.1
         );
+        let pass = state
+            .slices
+            .get(&key)
+            .filter(|_| by_replica)
+            .and_then(|slice| {
+                slice
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)
+            })
+            .map(|trigger| Pass {
+                caller: applied.caller.clone(),
+                trigger: trigger.clone(),
+            });
         for service in services {
             self.check_removals(
                 state,
@@ -99,6 +113,7 @@ impl Checks {
                 by_replica.then_some(&writer),
                 &writer,
                 orphan,
+                pass.as_ref(),
             );
         }
     }

@@ -31,13 +31,6 @@ pub struct Sent {
     pub(super) stalled: bool,
 }
 
-impl Sent {
-    /// When it was sent.
-    pub(super) fn at(&self) -> Instant {
-        self.at
-    }
-}
-
 /// One tenure of the Lease: a holder incarnation with one `leaseTransitions` count.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Tenant {
