@@ -63,19 +63,16 @@ impl Checks {
         }
     }
 
-    /// Check (c) for one Service after a write to its slices. `pass` names the pass a replica's
-    /// create or update belongs to (its writer and the trigger time the pass stamps on every
-    /// slice it writes); a replica's delete, or someone else's write, has none.
+    /// Check (c) for one Service after `write` to its slices.
     pub(super) fn check_removals(
         &self,
         state: &mut State,
         namespace: &str,
         service: &str,
-        replica: Option<&String>,
-        writer: &str,
-        orphan: bool,
-        pass: Option<&Pass>,
+        write: &SliceWrite,
     ) {
+        let (writer, by_replica, orphan) = (write.writer.as_str(), write.by_replica, write.orphan);
+        let pass = write.pass.as_ref();
         let key = (namespace.to_string(), service.to_string());
         // A pass's writes are one decision: what its first writes leave out, a later write of
         // the same pass may put into another slice (simulation seed 2695). Another write ends
@@ -115,7 +112,7 @@ impl Checks {
         }
         // What a replica's write just left out, because its workload is gone or no longer
         // selected (someone else's edit publishes nothing).
-        if let Some(replica) = replica {
+        if by_replica {
             for uid in state.candidates(namespace, service) {
                 let entry = (namespace.to_string(), service.to_string(), uid);
                 let pending = state
@@ -127,7 +124,7 @@ impl Checks {
                     && !state.removed.contains_key(&entry)
                     && !pending
                 {
-                    newly_removed.push((entry, replica.clone()));
+                    newly_removed.push((entry, writer.to_string()));
                 }
             }
         }
@@ -153,7 +150,7 @@ impl Checks {
             }
             None => state.removed.extend(newly_removed),
         }
-        state.seen_in(namespace, service, &present, replica.is_some());
+        state.seen_in(namespace, service, &present, by_replica);
         for (entry, published) in came_back {
             state.removed.remove(&entry);
             let now = match state.workloads.get(&entry.2) {
@@ -192,6 +189,20 @@ impl Checks {
             self.record(state, Check::RemovedCameBack, detail, known);
         }
     }
+}
+
+/// A slice write, as check (c) judges it.
+pub(super) struct SliceWrite {
+    /// Who wrote, when, which revision and slice (for the report).
+    pub(super) writer: String,
+    /// Whether a replica wrote it (someone else's edit publishes nothing).
+    pub(super) by_replica: bool,
+    /// Whether the slice names an owner that no longer exists.
+    pub(super) orphan: bool,
+    /// The pass a replica's create or update belongs to (its writer and the trigger time the
+    /// pass stamps on every slice it writes); a replica's delete, or someone else's write, has
+    /// none.
+    pub(super) pass: Option<Pass>,
 }
 
 /// One pass of a replica's writes, as the slices it writes show it.

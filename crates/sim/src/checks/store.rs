@@ -9,7 +9,10 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use slices::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, SERVICE_NAME_LABEL};
 use tokio::time::Instant;
 
-use super::{Checks, State, removals::Pass};
+use super::{
+    Checks, State,
+    removals::{Pass, SliceWrite},
+};
 
 // === impl Checks ===
 
@@ -105,16 +108,14 @@ impl Checks {
                 caller: applied.caller.clone(),
                 trigger: trigger.clone(),
             });
+        let write = SliceWrite {
+            writer,
+            by_replica,
+            orphan,
+            pass,
+        };
         for service in services {
-            self.check_removals(
-                state,
-                &key.0,
-                &service,
-                by_replica.then_some(&writer),
-                &writer,
-                orphan,
-                pass.as_ref(),
-            );
+            self.check_removals(state, &key.0, &service, &write);
         }
     }
 }
