@@ -81,7 +81,7 @@ fn slice_relevant_change(old: &CachedWorkload, new: &CachedWorkload) -> bool {
         || old.ports != new.ports
         || ips(old) != ips(new)
         || old.uid != new.uid
-        // Copied by consumers at slice time; the slices' identity digest covers them (issue 37).
-        || old.identity != new.identity
-        || old.server_name != new.server_name
+        // The mesh identity and server name, copied by consumers at slice time: the slices'
+        // identity digest covers them (issue 37), and this is their hash.
+        || old.mesh_digest() != new.mesh_digest()
 }
