@@ -173,8 +173,9 @@ struct State {
     pending: BTreeMap<(String, String), removals::Pending>,
     last_slice_write: Instant,
     slice_writes: u64,
-    /// The recent writes of each slice: when, and by whom.
-    slice_history: BTreeMap<(String, String), Vec<(Instant, String)>>,
+    /// The recent writes of each slice: their place in the order of all slice writes (the
+    /// value `slice_writes` took), and by whom.
+    slice_history: BTreeMap<(String, String), Vec<(u64, String)>>,
     /// (namespace, service, workload uid) published though unwanted → for how long a replica
     /// could have written since, and whether that was reported.
     unwanted: BTreeMap<(String, String, String), (Duration, bool)>,

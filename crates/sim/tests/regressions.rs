@@ -2,7 +2,7 @@
 //! the fix named here made pass.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use sim::{Check, Options, Setup};
+use sim::{Check, Known, Options, Setup};
 
 fn run(seed: u64) -> sim::Report {
     sim::run(seed, &Options::default(), Setup::DEPLOYED)
@@ -68,4 +68,44 @@ fn a_pass_that_puts_a_workload_into_another_slice_does_not_publish_its_removal_m
     // decision: what it leaves out is published when the pass ends. The scenarios
     // `without_additions_*` show the check still finds a removal truly undone.
     passes_without(2695, Check::RemovedCameBack);
+}
+
+#[test]
+fn a_write_held_past_its_tenure_onto_a_slice_nobody_rewrote_after_it_is_excused_as_in_flight() {
+    // Seed 30112: replica-0 answered a foreign edit of a slice with a write sent in its tenure,
+    // in the same instant as the edit, then paused 14.3 s with it in flight; replica-2 took the
+    // Lease and the write landed 42 ms later, past the API server's fence (its view of the
+    // Lease a moment late). The limitation `InFlightAcrossChange` covers this unless someone
+    // else rewrote the slice after the write was sent; check (a) compared times and counted the
+    // foreign edit, applied first at the same instant. It compares the order of the writes now.
+    let report = run(30112);
+    let ended: Vec<_> = report
+        .violations
+        .iter()
+        .filter(|violation| violation.check == Check::EndedTermWrote)
+        .collect();
+    assert!(
+        !ended.is_empty(),
+        "the write across the change is still seen: {report}"
+    );
+    assert!(
+        ended
+            .iter()
+            .all(|violation| violation.known == Some(Known::InFlightAcrossChange)),
+        "{report}"
+    );
+    assert!(report.passed(), "{report}");
+}
+
+#[test]
+fn a_replica_that_catches_up_after_the_heal_writes_before_the_rest_is_judged() {
+    // Seed 31831: the leader's watches went silent at 114.1 s; the faults stopped at 126.1 s and
+    // the slices already kept the reference's rules, so convergence was declared then and the
+    // rest began. The leader replaced its silent streams at 143.3 s (its stall bound), saw the
+    // Service recreated at 119.4 s and wrote: two writes "at rest". Seed 16867 was the same with
+    // frames a lagging kind still held. Convergence now also waits until every replica sees the
+    // present (no stalled stream, no held frame) and nothing was written since the last look.
+    for seed in [31831, 16867] {
+        passes_without(seed, Check::WroteAtRest);
+    }
 }

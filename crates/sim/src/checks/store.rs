@@ -72,7 +72,7 @@ impl Checks {
         state.last_slice_write = Instant::now();
         state.slice_writes += 1;
         let history = state.slice_history.entry(key.clone()).or_default();
-        history.push((Instant::now(), applied.caller.clone()));
+        history.push((state.slice_writes, applied.caller.clone()));
         if history.len() > 16 {
             history.remove(0);
         }

@@ -26,6 +26,10 @@ pub struct Sent {
     at: Instant,
     /// The slice an update or delete names (guarded by its version).
     guarded: Option<(String, String)>,
+    /// How many slice writes the API had applied when it was sent: those after it are the
+    /// rewrites its version precondition must refuse it after (order, not time: a write the
+    /// replica answers at the same instant came before).
+    writes_before: u64,
     /// Whether the sender had a silently stalled stream open when it sent it (its plan may
     /// come from a cache up to the stall bound old, even if the write lands after the stall).
     pub(super) stalled: bool,
@@ -80,6 +84,7 @@ impl Checks {
                 }),
             at: now,
             guarded,
+            writes_before: state.slice_writes,
             stalled: state.replicas[replica].stalled_within(self.judge.stall_bound),
         }
     }
@@ -270,7 +275,7 @@ impl State {
         self.slice_history.get(slice).is_some_and(|history| {
             history
                 .iter()
-                .any(|(at, caller)| *at >= sent.at && caller != writer)
+                .any(|(order, caller)| *order > sent.writes_before && caller != writer)
         })
     }
 }

@@ -53,21 +53,64 @@ impl World {
         }
     }
 
-    /// (e): waits until every Service's slices keep the reference's rules; `None` (a violation) if that
-    /// takes longer than [`CONVERGENCE_BOUND`].
+    /// (e): waits until every Service's slices keep the reference's rules and the replicas have
+    /// settled; `None` (a violation) if that takes longer than [`CONVERGENCE_BOUND`].
     pub(super) async fn converge(&self, healed_at: Instant) -> Option<Duration> {
+        let mut writes_at_last_look = None;
+        // Since when the slices have kept the rules with no write on its way: after the heal
+        // nothing changes but what the replicas write, so a later look that finds a rule broken
+        // saw a write planned from a view older than the slices (the fault the acquisition
+        // barrier prevents, among others).
+        let mut kept_since = None;
+        let mut drifted = false;
         loop {
-            // Converged: the slices keep the rules, and no write is still on its way to the API
-            // (one held by a fault until the heal may land now, and is not a write at rest).
+            // Converged: the slices keep the rules, and nothing the faults left behind can still
+            // make a replica write, so what follows is rest:
+            // - no write is still on its way to the API (one held by a fault may land now);
+            // - every replica sees the present: no watch stream still silently stalled (the
+            //   replica replaces it within the stall bound) and no frame a lag still holds
+            //   (seeds 16867, 31831: a replica caught up after convergence and wrote);
+            // - no slice write since the last look (the writes that catching up causes).
             let pending = self.unconverged();
             let on_the_wire = self
                 .replicas
                 .iter()
                 .any(|replica| replica.link.writes_in_flight() > 0);
-            if pending.is_empty() && !on_the_wire {
+            let behind = self
+                .replicas
+                .iter()
+                .any(|replica| replica.link.faulty() || replica.link.undelivered_frames() > 0);
+            let (_, writes) = self.checks.slice_writes();
+            let wrote = writes_at_last_look.replace(writes) != Some(writes);
+            match kept_since {
+                None if pending.is_empty() && !on_the_wire => kept_since = Some(Instant::now()),
+                Some(since) if !pending.is_empty() && !drifted => {
+                    drifted = true;
+                    self.checks.report(
+                        Check::NotConverged,
+                        format!(
+                            "drifted after the faults stopped: the slices kept the rules from {:.3}s, then {}",
+                            (since - healed_at).as_secs_f64(),
+                            pending.join("; ")
+                        ),
+                    );
+                }
+                _ => {}
+            }
+            if pending.is_empty() && !on_the_wire && !behind && !wrote {
                 return Some(Instant::now() - healed_at);
             }
             if Instant::now() - healed_at >= CONVERGENCE_BOUND {
+                let mut pending = pending;
+                if on_the_wire {
+                    pending.push("a write still on its way".to_string());
+                }
+                if behind {
+                    pending.push("a replica still behind (a stalled stream, a lag)".to_string());
+                }
+                if wrote {
+                    pending.push("still writing".to_string());
+                }
                 self.checks.report(
                     Check::NotConverged,
                     format!(
