@@ -25,7 +25,9 @@
 //!   endpoints) never answers 200 while one of its watch streams has been silenced by a fault
 //!   for longer than the stall bound and a moment to notice ([`Checks::check_ready`]).
 //! - **(e) Convergence**: checked by the world once the faults stop (see `world`): every
-//!   Service's slices keep the rules of the independent [`reference`](crate::reference), and
+//!   Service's slices keep the rules of the independent [`reference`](crate::reference) once
+//!   every replica sees the present (no stalled stream, no frame a lag holds); once they kept
+//!   them, no write breaks them again (a drift: a write from a view older than the slices); and
 //!   nothing is written at rest.
 //!
 //! This module holds the checks' shared state, what they know of each replica and the

@@ -12,7 +12,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use api::v1beta1::ExternalWorkload;
@@ -80,7 +80,13 @@ struct InFlight {
 struct Tracking {
     in_flight: HashMap<(String, String), InFlight>,
     latencies: Vec<f64>,
+    /// Changes that took longer than [`SLOW`] to show: the workload, when its change was
+    /// stored, and the latency; printed with the leader's log lines around them.
+    slow: Vec<((String, String), Instant, f64)>,
 }
+
+/// A change slower than this is reported by name (the p99 is well under it).
+const SLOW: f64 = 5.0;
 
 /// A small deterministic generator (xorshift64*): the bench needs spread, not randomness.
 pub struct Spread(pub u64);
@@ -257,6 +263,7 @@ pub async fn run(
             latencies.len()
         ),
     );
+    report_slow(&tracking.lock().slow, leader, begun, started);
     let unconverged = unconverged(client).await;
     LoadResult {
         changes: total,
@@ -315,6 +322,46 @@ impl Change {
     }
 }
 
+/// Names each change slower than [`SLOW`] and prints the leader's warnings and errors (and any
+/// line naming the workload's namespace) from a second before it was stored to when it showed.
+fn report_slow(
+    slow: &[((String, String), Instant, f64)],
+    leader: &Replica,
+    begun: Instant,
+    started: Instant,
+) {
+    if slow.is_empty() {
+        return;
+    }
+    let entries = leader.log_entries();
+    for ((namespace, name), acked, latency) in slow {
+        let stored = SystemTime::now() - acked.elapsed();
+        progress(
+            started,
+            format!(
+                "  slow change: {namespace}/{name}, stored {:.1}s into the load, shown {latency:.1}s later; the leader's log meanwhile:",
+                acked.duration_since(begun).as_secs_f64()
+            ),
+        );
+        let from = stored - Duration::from_secs(1);
+        let to = stored + Duration::from_secs_f64(*latency);
+        for entry in &entries {
+            let Some(at) = entry["timestamp"]
+                .as_str()
+                .and_then(|text| text.parse::<Timestamp>().ok())
+                .map(SystemTime::from)
+            else {
+                continue;
+            };
+            let level = entry["level"].as_str().unwrap_or_default();
+            let text = entry.to_string();
+            if at >= from && at <= to && (level != "INFO" || text.contains(namespace.as_str())) {
+                println!("    {text}");
+            }
+        }
+    }
+}
+
 /// Marks the changes a slice event shows as visible.
 fn observe(tracking: &Mutex<Tracking>, slice: &EndpointSlice) {
     let now = Instant::now();
@@ -348,6 +395,9 @@ fn observe(tracking: &Mutex<Tracking>, slice: &EndpointSlice) {
                 let latency = now.duration_since(acked).as_secs_f64();
                 tracking.in_flight.remove(&id);
                 tracking.latencies.push(latency);
+                if latency > SLOW {
+                    tracking.slow.push((id, acked, latency));
+                }
             }
             None => change.visible = Some(now),
         }
