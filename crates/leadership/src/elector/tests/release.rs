@@ -1,0 +1,48 @@
+//! Releasing: a leader's release hands the Lease over at once to a follower watching it; a
+//! follower's release writes nothing.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn release_lets_a_watching_follower_take_over_immediately() {
+    let store = MemoryLeaseStore::new();
+    let a = leading_candidate(&store.connect(), "a").await;
+    let b = candidate(&store.connect(), "b");
+    sleep(Duration::from_millis(700)).await; // B has polled once and is waiting on its watch
+    let transitions = spec(&store).lease_transitions;
+
+    let released_at = Instant::now();
+    a.release().await.expect("released");
+    // Much sooner than B's next poll (RetryPeriod).
+    let taken_over = wait_leading(&b, true, Duration::from_millis(10)).await;
+    assert!(taken_over - released_at < Duration::from_millis(10));
+
+    let release = store
+        .writes()
+        .into_iter()
+        .find(|lease| {
+            lease
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.holder_identity.is_none())
+        })
+        .expect("a release write");
+    let release = release.spec.expect("spec");
+    assert_eq!(release.lease_duration_seconds, Some(1));
+    assert_eq!(release.lease_transitions, transitions);
+    let spec = spec(&store);
+    assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+    assert_eq!(spec.lease_transitions, transitions.map(|t| t + 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn follower_release_writes_nothing() {
+    let store = MemoryLeaseStore::new();
+    let _a = leading_candidate(&store.connect(), "a").await;
+    let b = candidate(&store.connect(), "b");
+    sleep(Duration::from_millis(700)).await;
+    let writes = store.writes().len();
+    b.release().await.expect("stopped");
+    assert_eq!(store.writes().len(), writes);
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+}
