@@ -90,7 +90,7 @@ impl tower::Service<Request<kube::client::Body>> for ApiService {
             if let Some(read) = served.read {
                 crate::faults::after_read(&inner, &caller, &read);
             }
-            log(&inner, &caller, &parts, response.status().as_u16());
+            log(&inner, &caller, &parts, &body, response.status().as_u16());
             if served.answer_lost {
                 return Err(BoxError::from(
                     "simulated: the connection was reset after the write was applied; its answer is lost",
@@ -110,7 +110,7 @@ pub(crate) struct Served {
     pub answer_lost: bool,
 }
 
-fn log(inner: &Inner, caller: &str, parts: &Parts, status: u16) {
+fn log(inner: &Inner, caller: &str, parts: &Parts, body: &[u8], status: u16) {
     {
         let mut log = inner.log.lock();
         let entry = LogEntry {
@@ -121,6 +121,7 @@ fn log(inner: &Inner, caller: &str, parts: &Parts, status: u16) {
             uri: parts.uri.to_string(),
             status,
             revision: inner.store.lock().revision,
+            body: crate::log::body_hash(body),
         };
         log.push(entry);
     }

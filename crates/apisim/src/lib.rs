@@ -105,6 +105,7 @@ mod faults;
 mod gc;
 mod http;
 mod kinds;
+mod log;
 mod patch;
 mod selector;
 mod store;
@@ -127,6 +128,7 @@ use crate::{faults::Faults, kinds::Resource, store::Store};
 pub use crate::{
     faults::{LostAnswer, ReadRace},
     http::{ApiService, Body},
+    log::LogEntry,
 };
 
 /// How the server behaves.
@@ -231,25 +233,6 @@ pub struct Applied {
     pub old: Option<Value>,
     /// The object after (stored form; `None` for a delete).
     pub new: Option<Value>,
-}
-
-/// One request, as the log keeps it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogEntry {
-    /// Its place in the log.
-    pub seq: u64,
-    /// Simulated milliseconds since the server was made.
-    pub at_ms: u64,
-    /// Who sent it.
-    pub caller: String,
-    /// HTTP method.
-    pub method: String,
-    /// Path and query.
-    pub uri: String,
-    /// HTTP status of the answer.
-    pub status: u16,
-    /// The global revision after it.
-    pub revision: u64,
 }
 
 /// Watches closed by the server: of one storage (or all), those with an id below.
@@ -554,25 +537,8 @@ impl ApiServer {
         self.inner.log.lock().clone()
     }
 
-    /// A stable hash (FNV-1a) of the log: equal logs, equal hashes.
+    /// A stable hash (FNV-1a) of the log, request bodies included: equal logs, equal hashes.
     pub fn log_hash(&self) -> u64 {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for entry in self.inner.log.lock().iter() {
-            for byte in entry.to_string().bytes().chain(std::iter::once(b'\n')) {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        hash
-    }
-}
-
-impl fmt::Display for LogEntry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}ms {} {} {} {} rv={}",
-            self.seq, self.at_ms, self.caller, self.method, self.uri, self.status, self.revision
-        )
+        log::hash(&self.inner.log.lock())
     }
 }

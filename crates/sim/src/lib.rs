@@ -92,7 +92,8 @@ pub struct Report {
     /// How long after the faults stopped the slices equalled the plan (`None`: not within the
     /// bound).
     pub converged_after: Option<Duration>,
-    /// The hash of every request the API server saw, in order: equal for equal runs.
+    /// The hash of every request the API server saw, in order, bodies included (timestamps
+    /// masked: the replicas write the wall clock): equal for equal runs.
     pub trace_hash: u64,
     /// Slice writes the API applied.
     pub slice_writes: u64,
