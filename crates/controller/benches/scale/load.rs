@@ -12,7 +12,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use api::v1beta1::ExternalWorkload;
@@ -86,7 +86,7 @@ struct Tracking {
 }
 
 /// A change slower than this is reported by name (the p99 is well under it).
-const SLOW: f64 = 5.0;
+pub const SLOW: f64 = 5.0;
 
 /// A small deterministic generator (xorshift64*): the bench needs spread, not randomness.
 pub struct Spread(pub u64);
@@ -263,7 +263,7 @@ pub async fn run(
             latencies.len()
         ),
     );
-    report_slow(&tracking.lock().slow, leader, begun, started);
+    crate::slow::report(&tracking.lock().slow, leader, begun, started);
     let unconverged = unconverged(client).await;
     LoadResult {
         changes: total,
@@ -317,46 +317,6 @@ impl Change {
                 api.patch(name, &params, &Patch::Merge(&patch))
                     .await
                     .map(drop)
-            }
-        }
-    }
-}
-
-/// Names each change slower than [`SLOW`] and prints the leader's warnings and errors (and any
-/// line naming the workload's namespace) from a second before it was stored to when it showed.
-fn report_slow(
-    slow: &[((String, String), Instant, f64)],
-    leader: &Replica,
-    begun: Instant,
-    started: Instant,
-) {
-    if slow.is_empty() {
-        return;
-    }
-    let entries = leader.log_entries();
-    for ((namespace, name), acked, latency) in slow {
-        let stored = SystemTime::now() - acked.elapsed();
-        progress(
-            started,
-            format!(
-                "  slow change: {namespace}/{name}, stored {:.1}s into the load, shown {latency:.1}s later; the leader's log meanwhile:",
-                acked.duration_since(begun).as_secs_f64()
-            ),
-        );
-        let from = stored - Duration::from_secs(1);
-        let to = stored + Duration::from_secs_f64(*latency);
-        for entry in &entries {
-            let Some(at) = entry["timestamp"]
-                .as_str()
-                .and_then(|text| text.parse::<Timestamp>().ok())
-                .map(SystemTime::from)
-            else {
-                continue;
-            };
-            let level = entry["level"].as_str().unwrap_or_default();
-            let text = entry.to_string();
-            if at >= from && at <= to && (level != "INFO" || text.contains(namespace.as_str())) {
-                println!("    {text}");
             }
         }
     }
