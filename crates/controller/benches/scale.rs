@@ -23,8 +23,6 @@
 mod footprint;
 #[path = "scale/load.rs"]
 mod load;
-#[path = "scale/slow.rs"]
-mod slow;
 
 use std::{
     path::Path,

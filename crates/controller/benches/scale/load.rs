@@ -9,6 +9,9 @@
 //! must have become visible, and every Service's slices must be what the planner computes from
 //! the objects then in the API.
 
+#[path = "slow.rs"]
+mod slow;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
@@ -263,7 +266,7 @@ pub async fn run(
             latencies.len()
         ),
     );
-    crate::slow::report(&tracking.lock().slow, leader, begun, started);
+    slow::report(&tracking.lock().slow, leader, begun, started);
     let unconverged = unconverged(client).await;
     LoadResult {
         changes: total,

@@ -6,7 +6,7 @@ use harness::{Replica, report::progress};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
-/// Names each change slower than [`SLOW`](crate::load::SLOW) and prints the leader's warnings and errors (and any
+/// Names each change slower than [`SLOW`](super::SLOW) and prints the leader's warnings and errors (and any
 /// line naming the workload's namespace) from a second before it was stored to when it showed.
 pub fn report(
     slow: &[((String, String), Instant, f64)],
