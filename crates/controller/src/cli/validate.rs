@@ -10,6 +10,10 @@ use leadership::{
 
 use super::Args;
 
+/// The longest a failing key waits before its next retry (per-key backoff doubles from 5 ms up to
+/// this; docs/operations.md, "Slices stop following changes").
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+
 /// Settings after validation: the flags, and the library configurations built (and so checked)
 /// from them.
 #[derive(Clone, Debug)]
@@ -69,6 +73,10 @@ impl Args {
             // Stop writing half a retry period before the renew deadline would end the term.
             .fence_margin(self.retry_period / 2)
             .resync_period(Some(self.resync_period))
+            // A key whose reconciles failed while the API server was unavailable is retried
+            // within this of its recovery (the global retry rate and the write limit still pace
+            // a server in trouble); client-go's 1000 s would leave a Service behind for minutes.
+            .retry_backoff(Duration::from_millis(5), MAX_RETRY_DELAY)
             .build()
             // Every rule is checked above (workers ≥ 1, resync > 0); this names the flags anyway.
             .map_err(|error| format!("--workers, --resync-period: {error}"))?;
