@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::{
     ApiServer, Inner, Verb,
-    http::{commit_and_announce, timestamp},
+    http::{commit_and_announce, record, timestamp},
     kinds::{self, RESOURCES, Resource},
     patch::merge,
 };
@@ -74,6 +74,11 @@ impl ApiServer {
     /// writer, through admission and the observers, as any write).
     pub fn race_read(&self, race: ReadRace) {
         self.inner.faults.lock().races.push(race);
+    }
+
+    /// Forgets every fault armed and not yet used (the lost answers and the races).
+    pub fn disarm(&self) {
+        *self.inner.faults.lock() = Faults::default();
     }
 
     /// Deletes `namespace/name` of `resource`, creates `replacement` under the same name (a new
@@ -133,6 +138,14 @@ impl ApiServer {
             Some(object),
         );
         self.inner.store.lock().compact();
+        record(
+            &self.inner,
+            FAULT_CALLER,
+            "RECREATE",
+            format!("{resource}/{namespace}/{name} (history compacted)"),
+            200,
+            0,
+        );
         self.close_watches(Some(resource));
         true
     }
@@ -185,6 +198,17 @@ pub fn after_read(
         return;
     };
     merge(&mut object, &race.patch);
+    record(
+        inner,
+        FAULT_CALLER,
+        "PATCH",
+        format!(
+            "{}/{}/{} after {caller}'s read",
+            race.resource, race.namespace, race.target
+        ),
+        200,
+        crate::log::body_hash(race.patch.to_string().as_bytes()),
+    );
     commit_and_announce(
         inner,
         FAULT_CALLER,

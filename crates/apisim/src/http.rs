@@ -111,20 +111,38 @@ pub(crate) struct Served {
 }
 
 fn log(inner: &Inner, caller: &str, parts: &Parts, body: &[u8], status: u16) {
-    {
-        let mut log = inner.log.lock();
-        let entry = LogEntry {
-            seq: log.len() as u64,
-            at_ms: elapsed(inner).as_millis() as u64,
-            caller: caller.to_string(),
-            method: parts.method.to_string(),
-            uri: parts.uri.to_string(),
-            status,
-            revision: inner.store.lock().revision,
-            body: crate::log::body_hash(body),
-        };
-        log.push(entry);
-    }
+    record(
+        inner,
+        caller,
+        parts.method.as_str(),
+        parts.uri.to_string(),
+        status,
+        crate::log::body_hash(body),
+    );
+}
+
+/// Appends an entry to the request log: a request served, or an act of the server's own (a
+/// fault's write, watches closed), logged under the name it acts as.
+pub(crate) fn record(
+    inner: &Inner,
+    caller: &str,
+    method: &str,
+    uri: String,
+    status: u16,
+    body: u64,
+) {
+    let mut log = inner.log.lock();
+    let entry = LogEntry {
+        seq: log.len() as u64,
+        at_ms: elapsed(inner).as_millis() as u64,
+        caller: caller.to_string(),
+        method: method.to_string(),
+        uri,
+        status,
+        revision: inner.store.lock().revision,
+        body,
+    };
+    log.push(entry);
 }
 
 pub(crate) fn elapsed(inner: &Inner) -> Duration {

@@ -474,6 +474,14 @@ impl ApiServer {
     /// cache re-initialised): the stream ends cleanly and the client must resume.
     pub fn close_watches(&self, resource: Option<&str>) {
         let storage = resource.and_then(kinds::storage_named);
+        http::record(
+            &self.inner,
+            "apisim:fault",
+            "CLOSE",
+            format!("watches of {}", resource.unwrap_or("every resource")),
+            200,
+            0,
+        );
         let below = self.inner.next_watch.load(Ordering::SeqCst);
         self.inner.closed.lock().push((storage, below));
         self.inner.closures.send_modify(|count| *count += 1);

@@ -356,6 +356,57 @@ async fn a_change_lands_between_a_confirming_read_and_what_follows_it() {
         "b",
         "changed right after it"
     );
+    let acts: Vec<String> = server
+        .log()
+        .iter()
+        .filter(|entry| entry.caller == "apisim:fault")
+        .map(|entry| format!("{} {}", entry.method, entry.uri))
+        .collect();
+    assert_eq!(
+        acts,
+        ["PATCH services/ns/web after replica-0's read"],
+        "the race is in the request log"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_armed_fault_disarmed_never_strikes() {
+    let server = ApiServer::new(ServerConfig::default());
+    let driver: Api<Service> = Api::namespaced(server.client("driver"), "ns");
+    let web: Service = serde_json::from_value(
+        json!({"metadata": {"name": "web"}, "spec": {"selector": {"app": "a"}}}),
+    )
+    .unwrap();
+    driver.create(&PostParams::default(), &web).await.unwrap();
+    server.race_read(ReadRace {
+        caller: "replica-".into(),
+        resource: "services".into(),
+        namespace: "ns".into(),
+        name: None,
+        target: "web".into(),
+        patch: json!({"spec": {"selector": {"app": "b"}}}),
+    });
+    server.lose_answer(LostAnswer {
+        caller: "replica-".into(),
+        resource: "services".into(),
+        verb: None,
+    });
+    server.disarm();
+    let replica: Api<Service> = Api::namespaced(server.client("replica-0"), "ns");
+    replica.get("web").await.unwrap();
+    let mut read = replica.get("web").await.unwrap();
+    assert_eq!(
+        read.spec.as_ref().unwrap().selector.as_ref().unwrap()["app"],
+        "a"
+    );
+    read.metadata.labels = Some([("k".to_string(), "v".to_string())].into());
+    assert!(
+        replica
+            .replace("web", &PostParams::default(), &read)
+            .await
+            .is_ok(),
+        "answered"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -3,7 +3,8 @@
 //! average before and after (a figure taken beside another heavy job is not a figure).
 //!
 //! `cargo bench -p sim --bench sweep` (`SWEEP_SEEDS=5000` for a short run, `SIM_THREADS` to pin
-//! the threads; `SWEEP_FROM` to start elsewhere than seed 1).
+//! the threads; `SWEEP_FROM` to start elsewhere than seed 1; `SIM_SERVER_FAULTS` and
+//! `SIM_INSTANCE_LAG_MS` as `Options::from_env` reads them).
 
 use sim::{
     Options, Setup,
@@ -37,7 +38,7 @@ fn main() {
     let started = std::time::Instant::now();
     let result = sweep(
         from..from + count,
-        &Options::default(),
+        &Options::from_env().0,
         Setup::DEPLOYED,
         threads,
         false,

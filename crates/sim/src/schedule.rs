@@ -38,6 +38,15 @@ pub struct Options {
     /// kind of one replica's watch lagging behind its other watches ([`Fault::LagKind`]), and a
     /// slice write applied whose answer is lost ([`Fault::LoseAnswers`]).
     pub view_faults: usize,
+    /// Faults the API server itself produces, on top of the others, from a stream of their own
+    /// too: watches closed by the server ([`Fault::CloseWatches`]), an object deleted and created
+    /// again behind a compaction ([`Fault::RecreateBehindCompaction`]), and a change racing a
+    /// replica's read ([`Fault::RaceServiceRead`], [`Fault::RaceWorkloadRead`]).
+    pub server_faults: usize,
+    /// The API server runs as two instances behind one address, the second one's watch caches
+    /// each lagging the store by its own amount up to this, drawn from the seed (as two
+    /// kube-apiservers whose caches lag apart). `ZERO`: one instance, no lag.
+    pub instance_lag: Duration,
 }
 
 /// When a step happens, and what it is.
@@ -224,6 +233,28 @@ pub enum Fault {
         lasting: Duration,
         restart_after: Duration,
     },
+    /// The API server closes the open watches of `resource` (a qualified name), or of every
+    /// resource: each watcher must resume from where it was.
+    CloseWatches { resource: Option<&'static str> },
+    /// One object, a workload (at another address, `ip`) or with `service` a Service, is
+    /// deleted and created again under its name; the history is compacted and the kind's
+    /// watches closed, so a watcher resuming gets 410 and, listing again, sees the new object (a
+    /// new uid) and never the deletion.
+    RecreateBehindCompaction { service: bool, pick: u64, ip: u8 },
+    /// Right after a replica's next read of the Services of `namespace` is answered (a GET or a
+    /// list), before it can act on it, Service `service`'s selector changes to `app`.
+    RaceServiceRead {
+        namespace: usize,
+        service: usize,
+        app: usize,
+    },
+    /// Right after a replica's next read of the workloads of `namespace` is answered, one of
+    /// them (`pick`) is relabelled to `app`.
+    RaceWorkloadRead {
+        namespace: usize,
+        pick: u64,
+        app: usize,
+    },
 }
 
 // === impl Options ===
@@ -238,6 +269,38 @@ impl Default for Options {
             initial_workloads: 6,
             during_write: 3,
             view_faults: 4,
+            server_faults: 4,
+            instance_lag: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Options {
+    /// The defaults, with `SIM_SERVER_FAULTS` (a count) and `SIM_INSTANCE_LAG_MS` (the second
+    /// instance's largest lag; 0 for one instance) from the environment when set: a replay or a
+    /// sweep under other options. The second value says whether any was set.
+    pub fn from_env() -> (Self, bool) {
+        let read = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        let mut options = Self::default();
+        let faults = read("SIM_SERVER_FAULTS");
+        let lag = read("SIM_INSTANCE_LAG_MS");
+        if let Some(faults) = faults {
+            options.server_faults = usize::try_from(faults).unwrap_or(usize::MAX);
+        }
+        if let Some(lag) = lag {
+            options.instance_lag = Duration::from_millis(lag);
+        }
+        (options, faults.is_some() || lag.is_some())
+    }
+
+    /// The defaults from before the API server's own faults and second instance were
+    /// scheduled. The seeds kept as regressions were found under these, and replay the runs
+    /// that found them only here.
+    pub fn before_server_faults() -> Self {
+        Self {
+            server_faults: 0,
+            instance_lag: Duration::ZERO,
+            ..Self::default()
         }
     }
 }
@@ -258,6 +321,7 @@ impl Schedule {
     pub fn generate(rng: &mut Rng, options: &Options) -> Self {
         let mut own = rng.derive(1);
         let mut view = rng.derive(2);
+        let mut server = rng.derive(3);
         let mut names = Names::default();
         let initial = (0..NAMESPACES.len())
             .flat_map(|namespace| (0..options.initial_workloads).map(move |_| namespace))
@@ -302,6 +366,13 @@ impl Schedule {
             steps.push(Timed {
                 at,
                 step: Step::Fault(view_fault(&mut view)),
+            });
+        }
+        for _ in 0..options.server_faults {
+            let at = Duration::from_millis(3_000 + server.below(span.saturating_sub(3_000)));
+            steps.push(Timed {
+                at,
+                step: Step::Fault(server_fault(&mut server)),
             });
         }
         steps.sort_by_key(|timed| timed.at);
@@ -483,6 +554,41 @@ fn view_fault(rng: &mut Rng) -> Fault {
     }
 }
 
+/// The resources whose watches [`Fault::CloseWatches`] closes, when not all.
+const SERVED: [&str; 4] = [
+    "services",
+    "externalworkloads.workload.linkerd.io",
+    "endpointslices.discovery.k8s.io",
+    "leases.coordination.k8s.io",
+];
+
+fn server_fault(rng: &mut Rng) -> Fault {
+    match rng.below(4) {
+        0 => Fault::CloseWatches {
+            resource: if rng.chance(25) {
+                None
+            } else {
+                Some(SERVED[rng.index(SERVED.len())])
+            },
+        },
+        1 => Fault::RecreateBehindCompaction {
+            service: rng.chance(25),
+            pick: rng.next_u64(),
+            ip: u8::try_from(10 + rng.below(200)).unwrap_or(10),
+        },
+        2 => Fault::RaceServiceRead {
+            namespace: rng.index(NAMESPACES.len()),
+            service: rng.index(SERVICES.len()),
+            app: rng.index(APPS.len()),
+        },
+        _ => Fault::RaceWorkloadRead {
+            namespace: rng.index(NAMESPACES.len()),
+            pick: rng.next_u64(),
+            app: rng.index(APPS.len()),
+        },
+    }
+}
+
 impl fmt::Display for Timed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:>9.3}s {:?}", self.at.as_secs_f64(), self.step)
@@ -506,15 +612,50 @@ mod tests {
             .count();
         assert_eq!(
             faults,
-            options.faults + options.during_write + options.view_faults
+            options.faults + options.during_write + options.view_faults + options.server_faults
         );
         assert_eq!(
             one.steps.len(),
-            options.faults + options.during_write + options.view_faults + options.changes
+            options.faults
+                + options.during_write
+                + options.view_faults
+                + options.server_faults
+                + options.changes
         );
         assert!(one.steps.windows(2).all(|pair| pair[0].at <= pair[1].at));
         assert!(one.steps.iter().all(|timed| timed.at < options.duration));
         let other = Schedule::generate(&mut Rng::new(43), &options);
         assert_ne!(format!("{:?}", one.steps), format!("{:?}", other.steps));
+    }
+
+    #[test]
+    fn the_server_faults_leave_the_rest_of_a_schedule_as_it_was() {
+        let before = Options::before_server_faults();
+        let with = Options::default();
+        let old = Schedule::generate(&mut Rng::new(7), &before);
+        let new = Schedule::generate(&mut Rng::new(7), &with);
+        let server = |step: &Step| {
+            matches!(
+                step,
+                Step::Fault(
+                    Fault::CloseWatches { .. }
+                        | Fault::RecreateBehindCompaction { .. }
+                        | Fault::RaceServiceRead { .. }
+                        | Fault::RaceWorkloadRead { .. }
+                )
+            )
+        };
+        let rest: Vec<String> = new
+            .steps
+            .iter()
+            .filter(|timed| !server(&timed.step))
+            .map(ToString::to_string)
+            .collect();
+        let old: Vec<String> = old.steps.iter().map(ToString::to_string).collect();
+        assert_eq!(rest, old);
+        assert_eq!(
+            new.steps.iter().filter(|timed| server(&timed.step)).count(),
+            with.server_faults
+        );
     }
 }

@@ -85,8 +85,15 @@ impl World {
     pub fn new(seed: u64, options: Options, setup: Setup) -> Self {
         let off = setup.off;
         let mut rng = Rng::new(seed);
+        let mut instances = vec![apisim::Instance::default()];
+        if !options.instance_lag.is_zero() {
+            // From a stream of its own: the rest of the world draws as it did without it.
+            let lags = rng.derive(4).next_u64();
+            instances.push(apisim::Instance::seeded(lags, options.instance_lag));
+        }
         let server = apisim::ApiServer::new(apisim::ServerConfig {
             seed: rng.next_u64(),
+            instances,
             ..apisim::ServerConfig::default()
         });
         let driver = server.client("driver");

@@ -12,6 +12,9 @@
 //!   the same findings.
 //! - `replay`: the seed in `SIM_SEED` (default 1), with `SIM_OFF` / `SIM_SERVER_FENCE` as a
 //!   replay command sets them, its schedule and findings printed.
+//! - The sweeps and the replay take `SIM_SERVER_FAULTS` and `SIM_INSTANCE_LAG_MS` as
+//!   [`Options::from_env`] reads them (the pins hold only without them); a seed kept from before
+//!   the API server's own faults replays with `SIM_SERVER_FAULTS=0 SIM_INSTANCE_LAG_MS=0`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::collections::BTreeMap;
@@ -50,15 +53,21 @@ type Pins = &'static [(Known, u64)];
 
 /// The events each excuse covers over the default sample of each sweep (2,000 seeds as
 /// deployed, 500 without the server's fence); an excuse not listed covers none.
+///
+/// Moved when the second API server instance came (its watch caches lag up to 2 s): a holder
+/// whose Lease watch lags learns of a Lease overwritten or deleted from outside later, so more
+/// of its writes fall in the RenewDeadline that `ForcedLeaseChange` names (seed 79: a write 33
+/// ms after an overwrite). Without the second instance and the server's own faults the
+/// deployed counts are still 28, 18 and 1 (`SIM_SERVER_FAULTS=0 SIM_INSTANCE_LAG_MS=0`).
 const EXCUSED_AS_DEPLOYED: Pins = &[
-    (Known::MissingLeaseAtStart, 28),
-    (Known::ForcedLeaseChange, 18),
-    (Known::InFlightAcrossChange, 1),
+    (Known::MissingLeaseAtStart, 29),
+    (Known::ForcedLeaseChange, 77),
+    (Known::InFlightAcrossChange, 3),
 ];
 const EXCUSED_ALONE: Pins = &[
     (Known::MissingLeaseAtStart, 3),
-    (Known::ForcedLeaseChange, 131),
-    (Known::InFlightAcrossChange, 33),
+    (Known::ForcedLeaseChange, 174),
+    (Known::InFlightAcrossChange, 41),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.
@@ -90,7 +99,8 @@ fn all_seeds_pass(
     seeds: std::ops::RangeInclusive<u64>,
     pinned: Option<Pins>,
 ) {
-    let options = Options::default();
+    let (options, changed) = Options::from_env();
+    let pinned = pinned.filter(|_| !changed);
     let count = seeds.end() - seeds.start() + 1;
     let listed: BTreeMap<u64, String> = open_findings(name)
         .into_iter()
@@ -185,10 +195,11 @@ fn the_controller_alone_keeps_every_check() {
 /// addition planned from a watch behind another), 19950 (the Lease released while a write of the
 /// lost term was on the wire), 40767 and 47847 (a write answering a foreign edit at the same
 /// instant, held past its tenure: check (a) took the edit for a rewrite after it; the others of
-/// that kind are in `regressions.rs`). Run as deployed, each keeps every check.
+/// that kind are in `regressions.rs`). Run as deployed, under the options they were found with,
+/// each keeps every check.
 #[test]
 fn the_long_sweeps_fixed_seeds_keep_every_check() {
-    let options = Options::default();
+    let options = Options::before_server_faults();
     for seed in [
         6483, 7170, 7217, 10077, 11938, 17722, 19632, 19950, 40767, 47847,
     ] {
@@ -244,7 +255,7 @@ fn replay() {
             .try_init();
     }
     let setup = Setup::from_env();
-    let report = sim::run(seed, &Options::default(), setup);
+    let report = sim::run(seed, &Options::from_env().0, setup);
     let trace = write_trace(&report, setup);
     println!("{}\ntrace: {trace:?}", report.trace());
     if setup.off.is_none() {

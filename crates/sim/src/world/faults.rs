@@ -3,19 +3,36 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::{coordination::v1::Lease, discovery::v1::EndpointSlice};
+use api::v1beta1::ExternalWorkload;
+use apisim::ReadRace;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api,
     api::{DeleteParams, PostParams},
 };
+use serde_json::json;
 use tokio::time::Instant;
 
 use super::{Later, World};
 use crate::{
     link::{AtWrite, Link},
     replica::{LEASE_NAME, LEASE_NAMESPACE},
-    schedule::{Fault, Target},
+    schedule::{APPS, Fault, NAMESPACES, SERVICES, Target},
 };
+
+/// The prefix of every replica's name, as its requests are attributed.
+const REPLICAS: &str = "replica-";
+/// The qualified name of the workloads' resource.
+const WORKLOADS: &str = "externalworkloads.workload.linkerd.io";
+
+/// The `pick`th of `objects`, wrapping around; `None` when there are none.
+fn picked<T>(mut objects: Vec<T>, pick: u64) -> Option<T> {
+    if objects.is_empty() {
+        return None;
+    }
+    let index = usize::try_from(pick % objects.len() as u64).unwrap_or(0);
+    Some(objects.swap_remove(index))
+}
 
 // === impl World ===
 
@@ -144,7 +161,86 @@ impl World {
                     self.crash(leader, restart_after);
                 }
             }
+            Fault::CloseWatches { resource } => self.server.close_watches(resource),
+            Fault::RecreateBehindCompaction { service, pick, ip } => {
+                self.recreate_behind_compaction(service, pick, ip);
+            }
+            Fault::RaceServiceRead {
+                namespace,
+                service,
+                app,
+            } => self.server.race_read(ReadRace {
+                caller: REPLICAS.to_string(),
+                resource: "services".to_string(),
+                namespace: NAMESPACES[namespace].to_string(),
+                name: None,
+                target: SERVICES[service].to_string(),
+                patch: json!({"spec": {"selector": {"app": APPS[app]}}}),
+            }),
+            Fault::RaceWorkloadRead {
+                namespace,
+                pick,
+                app,
+            } => {
+                let Some(workload) = picked(self.workloads_of(namespace), pick) else {
+                    return;
+                };
+                self.server.race_read(ReadRace {
+                    caller: REPLICAS.to_string(),
+                    resource: WORKLOADS.to_string(),
+                    namespace: NAMESPACES[namespace].to_string(),
+                    name: None,
+                    target: workload.metadata.name.unwrap_or_default(),
+                    patch: json!({"metadata": {"labels": {"app": APPS[app]}}}),
+                });
+            }
         }
+    }
+
+    /// The workloads of `namespace`, in name order.
+    fn workloads_of(&self, namespace: usize) -> Vec<ExternalWorkload> {
+        self.server
+            .objects::<ExternalWorkload>()
+            .into_iter()
+            .filter(|workload| {
+                workload.metadata.namespace.as_deref() == Some(NAMESPACES[namespace])
+            })
+            .collect()
+    }
+
+    /// Deletes and creates again one workload (at another address) or Service, behind a
+    /// compaction that hides the deletion from every watcher.
+    fn recreate_behind_compaction(&self, service: bool, pick: u64, ip: u8) {
+        let (resource, object) = if service {
+            let Some(object) = picked(self.server.objects::<Service>(), pick) else {
+                return;
+            };
+            ("services", serde_json::to_value(object))
+        } else {
+            let Some(mut object) = picked(self.server.objects::<ExternalWorkload>(), pick) else {
+                return;
+            };
+            let namespace = NAMESPACES
+                .iter()
+                .position(|name| object.metadata.namespace.as_deref() == Some(*name))
+                .unwrap_or(0);
+            if let Some(first) = object.spec.workload_ips.first_mut() {
+                first.ip = format!("10.{}.0.{ip}", namespace + 1);
+            }
+            (WORKLOADS, serde_json::to_value(object))
+        };
+        let Ok(mut object) = object else {
+            return;
+        };
+        let metadata = object["metadata"].take();
+        let namespace = metadata["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = metadata["name"].as_str().unwrap_or_default().to_string();
+        object["metadata"] = json!({"labels": metadata["labels"].clone()});
+        self.server
+            .recreate_behind_compaction(resource, &namespace, &name, object);
     }
 
     /// Puts a fault on the link of the replica `target` names, and its end `lasting` later.
@@ -241,6 +337,7 @@ impl World {
             replica.link.heal();
         }
         *self.conflicts.lock() = 0;
+        self.server.disarm();
         let pending = std::mem::take(&mut self.later);
         for (_, action) in pending {
             if let Later::CreateService { namespace, service } = action {
