@@ -177,7 +177,8 @@ impl Controller {
                 read: read_version(api_for::<EndpointSlice>(&client, &config), Some(selector)),
                 cached: count(&caches.slices),
             },
-        ]);
+        ])
+        .relisting_at_most(config.safeguards.barrier_relist_at_most);
         let shared = Arc::new(Shared {
             caches: caches.clone(),
             config: config.slices.clone(),

@@ -21,6 +21,10 @@ pub struct Safeguards {
     pub(crate) additions: bool,
     /// Deletes carry the uid and resourceVersion the plan saw as preconditions.
     pub(crate) version_fenced_deletes: bool,
+    /// How clause 1 shows a kind up to date: re-listed when it holds at most this many objects,
+    /// probed by its watch above ([`crate::watch::fresh::RELIST_AT_MOST`]; not a switch, but
+    /// the simulation, whose caches are small, lowers it to run the probe).
+    pub(crate) barrier_relist_at_most: usize,
 }
 
 // === impl Safeguards ===
@@ -32,6 +36,7 @@ impl Default for Safeguards {
             own_writes: true,
             additions: true,
             version_fenced_deletes: true,
+            barrier_relist_at_most: crate::watch::fresh::RELIST_AT_MOST,
         }
     }
 }
@@ -66,6 +71,14 @@ impl Safeguards {
     #[must_use]
     pub fn without_version_fenced_deletes(mut self) -> Self {
         self.version_fenced_deletes = false;
+        self
+    }
+
+    /// Clause 1 shows kinds of more than `objects` objects up to date by a probe of their watch
+    /// rather than a re-list (0: every kind is probed; tests only).
+    #[must_use]
+    pub fn with_barrier_relisting_at_most(mut self, objects: usize) -> Self {
+        self.barrier_relist_at_most = objects;
         self
     }
 }

@@ -47,6 +47,10 @@ pub struct Options {
     /// each lagging the store by its own amount up to this, drawn from the seed (as two
     /// kube-apiservers whose caches lag apart). `ZERO`: one instance, no lag.
     pub instance_lag: Duration,
+    /// The percentage of seeds whose replicas show each kind up to date at an acquisition by a
+    /// probe of its watch (the form the barrier takes above 5,000 objects) rather than by a
+    /// re-list, drawn from the seed.
+    pub probing_barrier: u64,
 }
 
 /// When a step happens, and what it is.
@@ -271,35 +275,45 @@ impl Default for Options {
             view_faults: 4,
             server_faults: 4,
             instance_lag: Duration::from_secs(2),
+            probing_barrier: 50,
         }
     }
 }
 
 impl Options {
-    /// The defaults, with `SIM_SERVER_FAULTS` (a count) and `SIM_INSTANCE_LAG_MS` (the second
-    /// instance's largest lag; 0 for one instance) from the environment when set: a replay or a
+    /// The defaults, with `SIM_SERVER_FAULTS` (a count), `SIM_INSTANCE_LAG_MS` (the second
+    /// instance's largest lag; 0 for one instance) and `SIM_PROBING_PERCENT` from the
+    /// environment when set: a replay or a
     /// sweep under other options. The second value says whether any was set.
     pub fn from_env() -> (Self, bool) {
         let read = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         let mut options = Self::default();
         let faults = read("SIM_SERVER_FAULTS");
         let lag = read("SIM_INSTANCE_LAG_MS");
+        let probing = read("SIM_PROBING_PERCENT");
         if let Some(faults) = faults {
             options.server_faults = usize::try_from(faults).unwrap_or(usize::MAX);
         }
         if let Some(lag) = lag {
             options.instance_lag = Duration::from_millis(lag);
         }
-        (options, faults.is_some() || lag.is_some())
+        if let Some(probing) = probing {
+            options.probing_barrier = probing;
+        }
+        (
+            options,
+            faults.is_some() || lag.is_some() || probing.is_some(),
+        )
     }
 
-    /// The defaults from before the API server's own faults and second instance were
-    /// scheduled. The seeds kept as regressions were found under these, and replay the runs
+    /// The defaults from before the API server's own faults, its second instance and the
+    /// probing barrier were scheduled. The seeds kept as regressions were found under these, and replay the runs
     /// that found them only here.
     pub fn before_server_faults() -> Self {
         Self {
             server_faults: 0,
             instance_lag: Duration::ZERO,
+            probing_barrier: 0,
             ..Self::default()
         }
     }

@@ -50,6 +50,8 @@ pub struct World {
     seed: u64,
     options: Options,
     off: Option<Safeguard>,
+    /// Whether the replicas' barrier probes every kind rather than re-listing it.
+    probing: bool,
     rng: Rng,
     server: apisim::ApiServer,
     driver: kube::Client,
@@ -85,6 +87,7 @@ impl World {
     pub fn new(seed: u64, options: Options, setup: Setup) -> Self {
         let off = setup.off;
         let mut rng = Rng::new(seed);
+        let probing = rng.derive(5).chance(options.probing_barrier);
         let mut instances = vec![apisim::Instance::default()];
         if !options.instance_lag.is_zero() {
             // From a stream of its own: the rest of the world draws as it did without it.
@@ -128,6 +131,7 @@ impl World {
             seed,
             options,
             off,
+            probing,
             rng,
             server,
             driver,
@@ -205,7 +209,10 @@ impl World {
     }
 
     fn start(&mut self, index: usize) {
-        let config = replica::config(&self.replicas[index].identity, self.off);
+        let mut config = replica::config(&self.replicas[index].identity, self.off);
+        if self.probing {
+            config.safeguards = config.safeguards.with_barrier_relisting_at_most(0);
+        }
         let replica = &mut self.replicas[index];
         replica.link.heal();
         replica.start(&self.server, config, &self.checks);

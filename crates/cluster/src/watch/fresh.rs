@@ -62,6 +62,8 @@ pub struct Kind {
 #[derive(Clone)]
 pub struct Barrier {
     kinds: Vec<Kind>,
+    /// Kinds with at most this many cached objects are re-listed ([`RELIST_AT_MOST`]).
+    relist_at_most: usize,
 }
 
 /// How a kind was shown up to date.
@@ -80,26 +82,38 @@ pub enum Proof {
 impl Barrier {
     /// A barrier over `kinds`.
     pub fn new(kinds: Vec<Kind>) -> Self {
-        Self { kinds }
+        Self {
+            kinds,
+            relist_at_most: RELIST_AT_MOST,
+        }
+    }
+
+    /// The same, re-listing kinds of at most `objects` objects instead of [`RELIST_AT_MOST`]
+    /// (0: every kind is probed).
+    #[must_use]
+    pub fn relisting_at_most(mut self, objects: usize) -> Self {
+        self.relist_at_most = objects;
+        self
     }
 
     /// Waits until every cache is at least as new as a version read from the API server after
     /// this call started; returns how long it took and how each kind was shown up to date.
     pub async fn bring_up_to_date(&self) -> (Duration, Vec<(&'static str, Proof)>) {
         let started = Instant::now();
-        let proofs = futures::future::join_all(
-            self.kinds
-                .iter()
-                .map(|kind| async move { (kind.health.kind(), up_to_date(kind).await) }),
-        )
+        let proofs = futures::future::join_all(self.kinds.iter().map(|kind| async move {
+            (
+                kind.health.kind(),
+                up_to_date(kind, self.relist_at_most).await,
+            )
+        }))
         .await;
         (started.elapsed(), proofs)
     }
 }
 
-async fn up_to_date(kind: &Kind) -> Proof {
+async fn up_to_date(kind: &Kind, relist_at_most: usize) -> Proof {
     let health = &kind.health;
-    if (kind.cached)() <= RELIST_AT_MOST {
+    if (kind.cached)() <= relist_at_most {
         let relist = health.request(Command::Relist);
         health.answered(relist, u64::MAX).await;
         return Proof::Relisted;
@@ -266,6 +280,30 @@ mod tests {
         let (took, proofs) = Barrier::new(vec![kind]).bring_up_to_date().await;
         assert_eq!(proofs, vec![("Service", Proof::Relisted)]);
         assert_eq!(took, Duration::from_millis(20));
+        answering.await.expect("answered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lower_relist_threshold_probes_a_small_cache() {
+        let (health, mut commands) = kind("Service");
+        health.seen(Some(3));
+        let kind = Kind {
+            health: health.clone(),
+            read: reading(5),
+            cached: Arc::new(|| 12),
+        };
+        let answering = tokio::spawn(async move {
+            let Some(Command::Probe(id)) = commands.recv().await else {
+                panic!("a probe, not a re-list")
+            };
+            health.seen(Some(6));
+            health.answer(id);
+        });
+        let (_, proofs) = Barrier::new(vec![kind])
+            .relisting_at_most(0)
+            .bring_up_to_date()
+            .await;
+        assert_eq!(proofs, vec![("Service", Proof::Probed)]);
         answering.await.expect("answered");
     }
 }
