@@ -236,7 +236,9 @@ pub struct Applied {
 }
 
 /// Watches closed by the server: of one storage (or all), those with an id below.
-type Closure = (Option<(&'static str, &'static str)>, u64);
+type Closure = (Option<Storage>, u64);
+/// A resource's storage: group and plural.
+type Storage = (&'static str, &'static str);
 type Observer = Arc<dyn Fn(&Applied) + Send + Sync>;
 type Admission = Arc<dyn Fn(&WriteRequest) -> Result<(), kube::core::Status> + Send + Sync>;
 
@@ -260,6 +262,9 @@ struct Inner {
     faults: Mutex<Faults>,
     /// Picks the instance of each request (when there are several).
     balance: Mutex<u64>,
+    /// Lags raised while the server runs ([`ApiServer::lag_cache`]), by instance and storage:
+    /// the lag, and how far the cache had seen when it was raised (a cache never goes back).
+    raised: Mutex<BTreeMap<(usize, Storage), (Duration, Instant)>>,
 }
 
 // === impl ServerConfig ===
@@ -329,19 +334,38 @@ impl Instance {
 impl Inner {
     /// How far instance `instance`'s cache of `storage` lags.
     fn lag(&self, instance: usize, storage: (&str, &str)) -> Duration {
-        self.config
+        let configured = self
+            .config
             .instances
             .get(instance)
-            .map_or(Duration::ZERO, |config| config.lag_of(storage))
+            .map_or(Duration::ZERO, |config| config.lag_of(storage));
+        let raised = self.raised.lock();
+        raised
+            .iter()
+            .find(|((at, raised), _)| *at == instance && *raised == storage)
+            .map_or(configured, |(_, (lag, _))| (*lag).max(configured))
+    }
+
+    /// How far instance `instance`'s cache of `storage` has seen the store: `lag` ago, but
+    /// never before where it was when a lag was raised.
+    fn seen_until(&self, instance: usize, storage: (&str, &str)) -> Instant {
+        // Before the server's start when the lag is longer than its life: nothing seen yet.
+        let lagging = Instant::now()
+            .checked_sub(self.lag(instance, storage))
+            .unwrap_or(self.started);
+        let floor = self
+            .raised
+            .lock()
+            .iter()
+            .find(|((at, raised), _)| *at == instance && *raised == storage)
+            .map(|(_, (_, floor))| *floor);
+        floor.map_or(lagging, |floor| lagging.max(floor))
     }
 
     /// The version instance `instance`'s cache of `storage` is at now, and when the change
     /// after it was committed (the cache reaches it `lag` later).
     fn cache_version(&self, instance: usize, storage: (&str, &str)) -> (u64, Option<Instant>) {
-        // Before the server's start when the lag is longer than its life: nothing seen yet.
-        let seen_until = Instant::now()
-            .checked_sub(self.lag(instance, storage))
-            .unwrap_or(self.started);
+        let seen_until = self.seen_until(instance, storage);
         self.store.lock().version_at(seen_until)
     }
 
@@ -425,6 +449,7 @@ impl ApiServer {
                 closed: Mutex::new(Vec::new()),
                 next_watch: AtomicU64::new(0),
                 faults: Mutex::new(Faults::default()),
+                raised: Mutex::new(BTreeMap::new()),
             }),
         };
         if let Some(delay) = collection {
@@ -467,6 +492,43 @@ impl ApiServer {
     /// watches go on (the watch caches keep their own feed, as on the real server).
     pub fn compact(&self) {
         self.inner.store.lock().compact();
+    }
+
+    /// Makes instance `instance`'s watch cache of `resource` (`"services"`) lag `lag` behind the
+    /// store from now on, as a kube-apiserver cache falling behind does: it stands still until
+    /// the lag is made up, then follows `lag` late. A lag shorter than the configured one
+    /// changes nothing.
+    pub fn lag_cache(&self, instance: usize, resource: &str, lag: Duration) {
+        let Some(storage) = kinds::storage_named(resource) else {
+            return;
+        };
+        let floor = self.inner.seen_until(instance, storage);
+        self.inner
+            .raised
+            .lock()
+            .insert((instance, storage), (lag, floor));
+        self.wake_watches();
+    }
+
+    /// Ends the lag [`ApiServer::lag_cache`] raised on instance `instance`'s cache of
+    /// `resource`: it catches up at once, to its configured lag.
+    pub fn unlag_cache(&self, instance: usize, resource: &str) {
+        let Some(storage) = kinds::storage_named(resource) else {
+            return;
+        };
+        self.inner.raised.lock().remove(&(instance, storage));
+        self.wake_watches();
+    }
+
+    /// Ends every lag [`ApiServer::lag_cache`] raised.
+    pub fn unlag_caches(&self) {
+        self.inner.raised.lock().clear();
+        self.wake_watches();
+    }
+
+    /// Open watches look again at their cache (its version may have moved without a commit).
+    fn wake_watches(&self) {
+        self.inner.revisions.send_modify(|_| {});
     }
 
     /// Ends the open watches of `resource` (`"endpointslices.discovery.k8s.io"`), or of every

@@ -472,3 +472,40 @@ fn seeded_instances_draw_each_cache_its_own_bounded_lag() {
         one.lags
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cache_lagged_at_run_time_stands_still_then_follows_late_and_never_goes_back() {
+    let server = ApiServer::new(ServerConfig::default());
+    let driver: Api<Service> = Api::namespaced(server.client("driver"), "ns");
+    let service = |name: &str| -> Service {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {}})).unwrap()
+    };
+    driver
+        .create(&PostParams::default(), &service("a"))
+        .await
+        .unwrap();
+    let cache = server.cache(0);
+    let seen = |name: &str| cache.get::<Service>("ns", name).is_some();
+    assert!(seen("a"), "no lag: the store itself");
+    server.lag_cache(0, "services", Duration::from_secs(5));
+    assert!(
+        seen("a"),
+        "a lag raised does not take back what the cache held"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    driver
+        .create(&PostParams::default(), &service("b"))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(4)).await;
+    assert!(!seen("b"), "4 s after it, behind a 5 s lag");
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    assert!(seen("b"), "5 s after it");
+    driver
+        .create(&PostParams::default(), &service("c"))
+        .await
+        .unwrap();
+    assert!(!seen("c"));
+    server.unlag_cache(0, "services");
+    assert!(seen("c"), "the lag ended: the cache caught up at once");
+}

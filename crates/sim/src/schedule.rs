@@ -40,8 +40,9 @@ pub struct Options {
     pub view_faults: usize,
     /// Faults the API server itself produces, on top of the others, from a stream of their own
     /// too: watches closed by the server ([`Fault::CloseWatches`]), an object deleted and created
-    /// again behind a compaction ([`Fault::RecreateBehindCompaction`]), and a change racing a
-    /// replica's read ([`Fault::RaceServiceRead`], [`Fault::RaceWorkloadRead`]).
+    /// again behind a compaction ([`Fault::RecreateBehindCompaction`]), one instance's watch
+    /// cache of one kind falling behind ([`Fault::LagCache`]), and a change racing a replica's
+    /// read ([`Fault::RaceServiceRead`], [`Fault::RaceWorkloadRead`]).
     pub server_faults: usize,
     /// The API server runs as two instances behind one address, the second one's watch caches
     /// each lagging the store by its own amount up to this, drawn from the seed (as two
@@ -251,6 +252,15 @@ pub enum Fault {
         namespace: usize,
         service: usize,
         app: usize,
+    },
+    /// One API server instance's watch cache of `resource` (a qualified name) falls `lag`
+    /// behind the store for `lasting`: every watch of it on that instance stands still, then
+    /// follows late, whoever its client.
+    LagCache {
+        instance: usize,
+        resource: &'static str,
+        lag: Duration,
+        lasting: Duration,
     },
     /// Right after a replica's next read of the workloads of `namespace` is answered, one of
     /// them (`pick`) is relabelled to `app`.
@@ -577,7 +587,7 @@ const SERVED: [&str; 4] = [
 ];
 
 fn server_fault(rng: &mut Rng) -> Fault {
-    match rng.below(4) {
+    match rng.below(5) {
         0 => Fault::CloseWatches {
             resource: if rng.chance(25) {
                 None
@@ -589,6 +599,12 @@ fn server_fault(rng: &mut Rng) -> Fault {
             service: rng.chance(25),
             pick: rng.next_u64(),
             ip: u8::try_from(10 + rng.below(200)).unwrap_or(10),
+        },
+        4 => Fault::LagCache {
+            instance: rng.index(2),
+            resource: SERVED[rng.index(SERVED.len())],
+            lag: rng.millis(1_000, 25_000),
+            lasting: rng.millis(5_000, 40_000),
         },
         2 => Fault::RaceServiceRead {
             namespace: rng.index(NAMESPACES.len()),
@@ -654,6 +670,7 @@ mod tests {
                 Step::Fault(
                     Fault::CloseWatches { .. }
                         | Fault::RecreateBehindCompaction { .. }
+                        | Fault::LagCache { .. }
                         | Fault::RaceServiceRead { .. }
                         | Fault::RaceWorkloadRead { .. }
                 )

@@ -52,6 +52,8 @@ pub struct World {
     off: Option<Safeguard>,
     /// Whether the replicas' barrier probes every kind rather than re-listing it.
     probing: bool,
+    /// How many API server instances serve behind the one address.
+    instances: usize,
     rng: Rng,
     server: apisim::ApiServer,
     driver: kube::Client,
@@ -76,8 +78,15 @@ enum Later {
     NotSlow(usize),
     NoLag(usize),
     NoKindLag(usize),
+    CacheCaughtUp {
+        instance: usize,
+        resource: &'static str,
+    },
     Restart(usize),
-    CreateService { namespace: usize, service: usize },
+    CreateService {
+        namespace: usize,
+        service: usize,
+    },
 }
 
 // === impl World ===
@@ -94,6 +103,7 @@ impl World {
             let lags = rng.derive(4).next_u64();
             instances.push(apisim::Instance::seeded(lags, options.instance_lag));
         }
+        let count = instances.len();
         let server = apisim::ApiServer::new(apisim::ServerConfig {
             seed: rng.next_u64(),
             instances,
@@ -132,6 +142,7 @@ impl World {
             options,
             off,
             probing,
+            instances: count,
             rng,
             server,
             driver,
@@ -238,6 +249,9 @@ impl World {
                 Later::NotSlow(index) => self.replicas[index].link.slow(Duration::ZERO),
                 Later::NoLag(index) => self.replicas[index].link.lag(Duration::ZERO),
                 Later::NoKindLag(index) => self.replicas[index].link.unlag_watches(),
+                Later::CacheCaughtUp { instance, resource } => {
+                    self.server.unlag_cache(instance, resource);
+                }
                 Later::Restart(index) => {
                     if self.replicas[index].running() {
                         // Still draining after a graceful stop: try again shortly.

@@ -64,13 +64,14 @@ type Pins = &'static [(Known, u64)];
 /// `SIM_SERVER_FAULTS=0 SIM_INSTANCE_LAG_MS=0 SIM_PROBING_PERCENT=0` the counts are the earlier
 /// pins, 28, 18 and 1 as deployed and 3, 131 and 33 alone.
 const EXCUSED_AS_DEPLOYED: Pins = &[
-    (Known::MissingLeaseAtStart, 33),
-    (Known::ForcedLeaseChange, 80),
+    (Known::MissingLeaseAtStart, 34),
+    (Known::ForcedLeaseChange, 47),
+    (Known::InFlightAcrossChange, 1),
 ];
 const EXCUSED_ALONE: Pins = &[
-    (Known::MissingLeaseAtStart, 4),
-    (Known::ForcedLeaseChange, 250),
-    (Known::InFlightAcrossChange, 44),
+    (Known::MissingLeaseAtStart, 6),
+    (Known::ForcedLeaseChange, 224),
+    (Known::InFlightAcrossChange, 61),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.

@@ -162,6 +162,17 @@ impl World {
                 }
             }
             Fault::CloseWatches { resource } => self.server.close_watches(resource),
+            Fault::LagCache {
+                instance,
+                resource,
+                lag,
+                lasting,
+            } => {
+                // An instance the server has (one, without the second instance).
+                let instance = instance % self.instances;
+                self.server.lag_cache(instance, resource, lag);
+                self.after(lasting, Later::CacheCaughtUp { instance, resource });
+            }
             Fault::RecreateBehindCompaction { service, pick, ip } => {
                 self.recreate_behind_compaction(service, pick, ip);
             }
@@ -338,6 +349,7 @@ impl World {
         }
         *self.conflicts.lock() = 0;
         self.server.disarm();
+        self.server.unlag_caches();
         let pending = std::mem::take(&mut self.later);
         for (_, action) in pending {
             if let Later::CreateService { namespace, service } = action {
