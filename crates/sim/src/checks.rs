@@ -159,6 +159,9 @@ struct State {
     /// The acting leaders of the last overlap recorded by check (b), so that one overlap is
     /// one violation however often it is looked at.
     overlap: Vec<(usize, u64)>,
+    /// The ids of the terms check (b) has named, in the order it first named them: a report
+    /// numbers terms within its run, as the process-wide ids depend on what else ran before.
+    named_terms: Vec<u64>,
     /// When the holder last changed, and to whom (for the server's fence with a lagging view).
     holders: Vec<(Instant, Option<String>)>,
     slices: BTreeMap<(String, String), EndpointSlice>,
@@ -230,6 +233,7 @@ impl Checks {
                 tenant: None,
                 tenures: 0,
                 overlap: Vec::new(),
+                named_terms: Vec::new(),
                 holders: vec![(now, None)],
                 slices: BTreeMap::new(),
                 services: BTreeMap::new(),

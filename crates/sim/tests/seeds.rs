@@ -225,7 +225,9 @@ fn the_long_sweeps_fixed_seeds_keep_every_check() {
 #[test]
 fn the_same_seed_gives_the_same_run() {
     let options = Options::default();
-    for seed in [3, 17, 101, 4242] {
+    // Seed 49 has an excused overlap of two leaders, whose report names their terms: numbered
+    // within the run, not by the process-wide term ids, so the second run's report is equal.
+    for seed in [3, 17, 49, 101, 4242] {
         let first = sim::run(seed, &options, Setup::DEPLOYED);
         let second = sim::run(seed, &options, Setup::DEPLOYED);
         assert_eq!(

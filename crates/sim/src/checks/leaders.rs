@@ -7,6 +7,23 @@ use tokio::time::Instant;
 
 use super::{Check, Checks, Known, State};
 
+// === impl State ===
+
+impl State {
+    /// The run's own number of the term with process-wide id `id`: 1 for the first term a
+    /// report names, and so on.
+    fn term_number(&mut self, id: u64) -> usize {
+        let index = match self.named_terms.iter().position(|named| *named == id) {
+            Some(index) => index,
+            None => {
+                self.named_terms.push(id);
+                self.named_terms.len() - 1
+            }
+        };
+        index + 1
+    }
+}
+
 // === impl Checks ===
 
 impl Checks {
@@ -59,7 +76,8 @@ impl Checks {
         let names: Vec<String> = acting
             .iter()
             .map(|(replica, term)| {
-                format!("{} (term {})", state.replicas[*replica].identity, term.id())
+                let number = state.term_number(term.id());
+                format!("{} (term {number})", state.replicas[*replica].identity)
             })
             .collect();
         // Or one created it while its watches (the Lease's among them) were silently
