@@ -42,7 +42,8 @@ pub struct Options {
     /// too: watches closed by the server ([`Fault::CloseWatches`]), an object deleted and created
     /// again behind a compaction ([`Fault::RecreateBehindCompaction`]), one instance's watch
     /// cache of one kind falling behind ([`Fault::LagCache`]), and a change racing a replica's
-    /// read ([`Fault::RaceServiceRead`], [`Fault::RaceWorkloadRead`]).
+    /// read ([`Fault::RaceServiceRead`], [`Fault::RaceWorkloadRead`]); with them, the Lease
+    /// deleted under a leader cut off ([`Fault::DeleteLeaseUnderPausedLeader`]).
     pub server_faults: usize,
     /// The API server runs as two instances behind one address, the second one's watch caches
     /// each lagging the store by its own amount up to this, drawn from the seed (as two
@@ -253,15 +254,20 @@ pub enum Fault {
         service: usize,
         app: usize,
     },
-    /// One API server instance's watch cache of `resource` (a qualified name) falls `lag`
-    /// behind the store for `lasting`: every watch of it on that instance stands still, then
-    /// follows late, whoever its client.
+    /// One API server instance's watch cache of `resource` (a qualified name), or with `None`
+    /// every instance's (as when etcd's watch feed falls behind), falls `lag` behind the store
+    /// for `lasting`: every watch of it on that instance stands still, then follows late,
+    /// whoever its client; a new watch stream does not escape it.
     LagCache {
-        instance: usize,
+        instance: Option<usize>,
         resource: &'static str,
         lag: Duration,
         lasting: Duration,
     },
+    /// The leader's link pauses for `lasting` (its renewals held) and, `after` that, someone
+    /// deletes the Lease: the holder is cut off while its term still runs, and the Lease looks
+    /// free to everyone else.
+    DeleteLeaseUnderPausedLeader { after: Duration, lasting: Duration },
     /// Right after a replica's next read of the workloads of `namespace` is answered, one of
     /// them (`pick`) is relabelled to `app`.
     RaceWorkloadRead {
@@ -587,7 +593,11 @@ const SERVED: [&str; 4] = [
 ];
 
 fn server_fault(rng: &mut Rng) -> Fault {
-    match rng.below(5) {
+    match rng.below(6) {
+        5 => Fault::DeleteLeaseUnderPausedLeader {
+            after: rng.millis(0, 3_000),
+            lasting: rng.millis(2_000, 20_000),
+        },
         0 => Fault::CloseWatches {
             resource: if rng.chance(25) {
                 None
@@ -601,7 +611,7 @@ fn server_fault(rng: &mut Rng) -> Fault {
             ip: u8::try_from(10 + rng.below(200)).unwrap_or(10),
         },
         4 => Fault::LagCache {
-            instance: rng.index(2),
+            instance: rng.chance(50).then(|| rng.index(2)),
             resource: SERVED[rng.index(SERVED.len())],
             lag: rng.millis(1_000, 25_000),
             lasting: rng.millis(5_000, 40_000),
@@ -671,6 +681,7 @@ mod tests {
                     Fault::CloseWatches { .. }
                         | Fault::RecreateBehindCompaction { .. }
                         | Fault::LagCache { .. }
+                        | Fault::DeleteLeaseUnderPausedLeader { .. }
                         | Fault::RaceServiceRead { .. }
                         | Fault::RaceWorkloadRead { .. }
                 )

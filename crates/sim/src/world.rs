@@ -74,12 +74,13 @@ pub struct World {
 enum Later {
     Uncut(usize),
     Unpause(usize),
+    DeleteLease,
     NoErrors(usize),
     NotSlow(usize),
     NoLag(usize),
     NoKindLag(usize),
     CacheCaughtUp {
-        instance: usize,
+        instances: std::ops::Range<usize>,
         resource: &'static str,
     },
     Restart(usize),
@@ -249,8 +250,14 @@ impl World {
                 Later::NotSlow(index) => self.replicas[index].link.slow(Duration::ZERO),
                 Later::NoLag(index) => self.replicas[index].link.lag(Duration::ZERO),
                 Later::NoKindLag(index) => self.replicas[index].link.unlag_watches(),
-                Later::CacheCaughtUp { instance, resource } => {
-                    self.server.unlag_cache(instance, resource);
+                Later::DeleteLease => self.delete_lease().await,
+                Later::CacheCaughtUp {
+                    instances,
+                    resource,
+                } => {
+                    for instance in instances {
+                        self.server.unlag_cache(instance, resource);
+                    }
                 }
                 Later::Restart(index) => {
                     if self.replicas[index].running() {

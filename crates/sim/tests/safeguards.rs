@@ -61,10 +61,14 @@ fn without_the_write_fence() {
     finds_a_violation_without(Safeguard::Fence);
 }
 
+/// The seeded schedules meet the barrier's case rarely: it needs a leader change while one
+/// kind's view lags another's and a change in that gap (found at 586, 521 and 117 as the
+/// schedules changed; 3,818 with the API server's lagging caches and the Lease deleted under a
+/// cut-off leader). The scripted scenario `without_the_barrier_a_new_term_writes_back_an_address_
+/// its_held_watch_missed` (tests/scenarios/barrier.rs) shows it every time.
 #[test]
 fn without_the_acquisition_barrier() {
-    // First found at seed 586 since the catch-up wait and the fixed removal check (it was 74).
-    finds_a_violation_within(Safeguard::Barrier, 800);
+    finds_a_violation_within(Safeguard::Barrier, 4_000);
 }
 
 #[test]

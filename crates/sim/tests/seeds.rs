@@ -60,18 +60,21 @@ type Pins = &'static [(Known, u64)];
 /// or deleted from outside later, and a new term whose barrier waits for a probe's bookmark
 /// writes its replay about a second later: in both, more writes fall in the RenewDeadline
 /// after an outside change that `ForcedLeaseChange` names (seed 79: a write 33 ms after an
-/// overwrite; seed 1000003 alone, probing: 344 ms after). With
+/// overwrite; seed 1000003 alone, probing: 344 ms after). The Lease deleted under a cut-off
+/// leader leaves it missing more often, and a replica starting then creates it beside the
+/// paused holder (`MissingLeaseAtStart`; seed 22: replica-2 restarts 1.8 s after the deletion).
+/// With
 /// `SIM_SERVER_FAULTS=0 SIM_INSTANCE_LAG_MS=0 SIM_PROBING_PERCENT=0` the counts are the earlier
 /// pins, 28, 18 and 1 as deployed and 3, 131 and 33 alone.
 const EXCUSED_AS_DEPLOYED: Pins = &[
-    (Known::MissingLeaseAtStart, 34),
-    (Known::ForcedLeaseChange, 47),
+    (Known::MissingLeaseAtStart, 98),
+    (Known::ForcedLeaseChange, 86),
     (Known::InFlightAcrossChange, 1),
 ];
 const EXCUSED_ALONE: Pins = &[
-    (Known::MissingLeaseAtStart, 6),
-    (Known::ForcedLeaseChange, 224),
-    (Known::InFlightAcrossChange, 61),
+    (Known::MissingLeaseAtStart, 21),
+    (Known::ForcedLeaseChange, 277),
+    (Known::InFlightAcrossChange, 34),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.

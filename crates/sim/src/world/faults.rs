@@ -142,9 +142,10 @@ impl World {
             Fault::Conflicts { count } => *self.conflicts.lock() += count,
             Fault::ForeignDelete { pick } => self.foreign_delete(pick).await,
             Fault::ForeignEdit { pick } => self.foreign_edit(pick).await,
-            Fault::DeleteLease => {
-                let leases: Api<Lease> = Api::namespaced(self.driver.clone(), LEASE_NAMESPACE);
-                let _ = leases.delete(LEASE_NAME, &DeleteParams::default()).await;
+            Fault::DeleteLease => self.delete_lease().await,
+            Fault::DeleteLeaseUnderPausedLeader { after, lasting } => {
+                self.link_fault(Target::Leader, lasting, Link::pause, Later::Unpause);
+                self.after(after, Later::DeleteLease);
             }
             Fault::OverwriteLease => self.overwrite_lease().await,
             Fault::StaleTakeover {
@@ -168,10 +169,24 @@ impl World {
                 lag,
                 lasting,
             } => {
-                // An instance the server has (one, without the second instance).
-                let instance = instance % self.instances;
-                self.server.lag_cache(instance, resource, lag);
-                self.after(lasting, Later::CacheCaughtUp { instance, resource });
+                // An instance the server has (one, without the second instance), or all.
+                let instances = match instance {
+                    Some(instance) => {
+                        let instance = instance % self.instances;
+                        instance..instance + 1
+                    }
+                    None => 0..self.instances,
+                };
+                for instance in instances.clone() {
+                    self.server.lag_cache(instance, resource, lag);
+                }
+                self.after(
+                    lasting,
+                    Later::CacheCaughtUp {
+                        instances,
+                        resource,
+                    },
+                );
             }
             Fault::RecreateBehindCompaction { service, pick, ip } => {
                 self.recreate_behind_compaction(service, pick, ip);
@@ -327,6 +342,11 @@ impl World {
         );
         let name = slice.metadata.name.clone().unwrap_or_default();
         let _ = api.replace(&name, &PostParams::default(), &slice).await;
+    }
+
+    pub(super) async fn delete_lease(&self) {
+        let leases: Api<Lease> = Api::namespaced(self.driver.clone(), LEASE_NAMESPACE);
+        let _ = leases.delete(LEASE_NAME, &DeleteParams::default()).await;
     }
 
     async fn overwrite_lease(&self) {

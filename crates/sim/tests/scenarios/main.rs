@@ -9,6 +9,7 @@
 //! fail with the safeguard they are about switched off (the simulation's test-only switches).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod barrier;
 mod driver;
 
 use std::time::Duration;
