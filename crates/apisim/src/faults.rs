@@ -10,9 +10,10 @@
 //!   object (another uid) and never the deletion.
 //!
 //! A watch closed by the server is [`ApiServer::close_watches`]; a kind lagging is a watch
-//! cache's lag ([`crate::Instance`]).
+//! cache's lag, configured ([`crate::Instance`]) or raised for a while
+//! ([`ApiServer::lag_cache`]).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 
@@ -79,6 +80,43 @@ impl ApiServer {
     /// Forgets every fault armed and not yet used (the lost answers and the races).
     pub fn disarm(&self) {
         *self.inner.faults.lock() = Faults::default();
+    }
+
+    /// Makes instance `instance`'s watch cache of `resource` (`"services"`) lag `lag` behind the
+    /// store from now on, as a kube-apiserver cache falling behind does: it stands still until
+    /// the lag is made up, then follows `lag` late. A lag shorter than the configured one
+    /// changes nothing.
+    pub fn lag_cache(&self, instance: usize, resource: &str, lag: Duration) {
+        let Some(storage) = kinds::storage_named(resource) else {
+            return;
+        };
+        let floor = self.inner.seen_until(instance, storage);
+        self.inner
+            .raised
+            .lock()
+            .insert((instance, storage), (lag, floor));
+        self.wake_watches();
+    }
+
+    /// Ends the lag [`ApiServer::lag_cache`] raised on instance `instance`'s cache of
+    /// `resource`: it catches up at once, to its configured lag.
+    pub fn unlag_cache(&self, instance: usize, resource: &str) {
+        let Some(storage) = kinds::storage_named(resource) else {
+            return;
+        };
+        self.inner.raised.lock().remove(&(instance, storage));
+        self.wake_watches();
+    }
+
+    /// Ends every lag [`ApiServer::lag_cache`] raised.
+    pub fn unlag_caches(&self) {
+        self.inner.raised.lock().clear();
+        self.wake_watches();
+    }
+
+    /// Open watches look again at their cache (its version may have moved without a commit).
+    fn wake_watches(&self) {
+        self.inner.revisions.send_modify(|_| {});
     }
 
     /// Deletes `namespace/name` of `resource`, creates `replacement` under the same name (a new

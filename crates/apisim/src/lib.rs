@@ -494,43 +494,6 @@ impl ApiServer {
         self.inner.store.lock().compact();
     }
 
-    /// Makes instance `instance`'s watch cache of `resource` (`"services"`) lag `lag` behind the
-    /// store from now on, as a kube-apiserver cache falling behind does: it stands still until
-    /// the lag is made up, then follows `lag` late. A lag shorter than the configured one
-    /// changes nothing.
-    pub fn lag_cache(&self, instance: usize, resource: &str, lag: Duration) {
-        let Some(storage) = kinds::storage_named(resource) else {
-            return;
-        };
-        let floor = self.inner.seen_until(instance, storage);
-        self.inner
-            .raised
-            .lock()
-            .insert((instance, storage), (lag, floor));
-        self.wake_watches();
-    }
-
-    /// Ends the lag [`ApiServer::lag_cache`] raised on instance `instance`'s cache of
-    /// `resource`: it catches up at once, to its configured lag.
-    pub fn unlag_cache(&self, instance: usize, resource: &str) {
-        let Some(storage) = kinds::storage_named(resource) else {
-            return;
-        };
-        self.inner.raised.lock().remove(&(instance, storage));
-        self.wake_watches();
-    }
-
-    /// Ends every lag [`ApiServer::lag_cache`] raised.
-    pub fn unlag_caches(&self) {
-        self.inner.raised.lock().clear();
-        self.wake_watches();
-    }
-
-    /// Open watches look again at their cache (its version may have moved without a commit).
-    fn wake_watches(&self) {
-        self.inner.revisions.send_modify(|_| {});
-    }
-
     /// Ends the open watches of `resource` (`"endpointslices.discovery.k8s.io"`), or of every
     /// resource with `None`, as the server does when it shuts a watch (a timeout it chose, a
     /// cache re-initialised): the stream ends cleanly and the client must resume.
