@@ -60,7 +60,7 @@ pub struct Faults {
 }
 
 /// The name races and re-creations write under.
-const FAULT_CALLER: &str = "apisim:fault";
+pub(crate) const FAULT_CALLER: &str = "apisim:fault";
 
 // === impl ApiServer ===
 

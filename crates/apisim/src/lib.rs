@@ -339,11 +339,18 @@ impl Inner {
             .instances
             .get(instance)
             .map_or(Duration::ZERO, |config| config.lag_of(storage));
-        let raised = self.raised.lock();
-        raised
+        self.raised(instance, storage)
+            .map_or(configured, |(lag, _)| lag.max(configured))
+    }
+
+    /// The lag raised on instance `instance`'s cache of `storage`, and how far that cache had
+    /// seen when it was raised ([`ApiServer::lag_cache`]).
+    fn raised(&self, instance: usize, storage: (&str, &str)) -> Option<(Duration, Instant)> {
+        self.raised
+            .lock()
             .iter()
             .find(|((at, raised), _)| *at == instance && *raised == storage)
-            .map_or(configured, |(_, (lag, _))| (*lag).max(configured))
+            .map(|(_, raised)| *raised)
     }
 
     /// How far instance `instance`'s cache of `storage` has seen the store: `lag` ago, but
@@ -353,13 +360,8 @@ impl Inner {
         let lagging = Instant::now()
             .checked_sub(self.lag(instance, storage))
             .unwrap_or(self.started);
-        let floor = self
-            .raised
-            .lock()
-            .iter()
-            .find(|((at, raised), _)| *at == instance && *raised == storage)
-            .map(|(_, (_, floor))| *floor);
-        floor.map_or(lagging, |floor| lagging.max(floor))
+        self.raised(instance, storage)
+            .map_or(lagging, |(_, floor)| lagging.max(floor))
     }
 
     /// The version instance `instance`'s cache of `storage` is at now, and when the change
@@ -501,7 +503,7 @@ impl ApiServer {
         let storage = resource.and_then(kinds::storage_named);
         http::record(
             &self.inner,
-            "apisim:fault",
+            faults::FAULT_CALLER,
             "CLOSE",
             format!("watches of {}", resource.unwrap_or("every resource")),
             200,

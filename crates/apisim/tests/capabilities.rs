@@ -322,8 +322,8 @@ async fn a_delete_and_recreate_behind_a_compaction_is_never_seen_as_a_delete() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_change_lands_between_a_confirming_read_and_what_follows_it() {
+/// A server holding Service `ns/web` selecting `app: a`, and the driver's client of it.
+async fn with_web() -> (ApiServer, Api<Service>) {
     let server = ApiServer::new(ServerConfig::default());
     let driver: Api<Service> = Api::namespaced(server.client("driver"), "ns");
     let web: Service = serde_json::from_value(
@@ -331,14 +331,26 @@ async fn a_change_lands_between_a_confirming_read_and_what_follows_it() {
     )
     .unwrap();
     driver.create(&PostParams::default(), &web).await.unwrap();
-    server.race_read(ReadRace {
+    (server, driver)
+}
+
+/// web's selector changed to `app: b` right after a replica's read of `name` (any Service read
+/// in `ns` with `None`).
+fn web_to_b(name: Option<&str>) -> ReadRace {
+    ReadRace {
         caller: "replica-".into(),
         resource: "services".into(),
         namespace: "ns".into(),
-        name: Some("web".into()),
+        name: name.map(str::to_string),
         target: "web".into(),
         patch: json!({"spec": {"selector": {"app": "b"}}}),
-    });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_lands_between_a_confirming_read_and_what_follows_it() {
+    let (server, driver) = with_web().await;
+    server.race_read(web_to_b(Some("web")));
     let selector = |service: Service| service.spec.unwrap().selector.unwrap()["app"].clone();
     assert_eq!(
         selector(driver.get("web").await.unwrap()),
@@ -371,21 +383,8 @@ async fn a_change_lands_between_a_confirming_read_and_what_follows_it() {
 
 #[tokio::test(start_paused = true)]
 async fn an_armed_fault_disarmed_never_strikes() {
-    let server = ApiServer::new(ServerConfig::default());
-    let driver: Api<Service> = Api::namespaced(server.client("driver"), "ns");
-    let web: Service = serde_json::from_value(
-        json!({"metadata": {"name": "web"}, "spec": {"selector": {"app": "a"}}}),
-    )
-    .unwrap();
-    driver.create(&PostParams::default(), &web).await.unwrap();
-    server.race_read(ReadRace {
-        caller: "replica-".into(),
-        resource: "services".into(),
-        namespace: "ns".into(),
-        name: None,
-        target: "web".into(),
-        patch: json!({"spec": {"selector": {"app": "b"}}}),
-    });
+    let (server, _) = with_web().await;
+    server.race_read(web_to_b(None));
     server.lose_answer(LostAnswer {
         caller: "replica-".into(),
         resource: "services".into(),

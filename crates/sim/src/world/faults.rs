@@ -305,11 +305,9 @@ impl World {
     }
 
     async fn foreign_delete(&self, pick: u64) {
-        let managed = self.managed_slices();
-        if managed.is_empty() {
+        let Some(slice) = picked(self.managed_slices(), pick) else {
             return;
-        }
-        let slice = &managed[usize::try_from(pick % managed.len() as u64).unwrap_or(0)];
+        };
         let api: Api<EndpointSlice> = Api::namespaced(
             self.driver.clone(),
             slice.metadata.namespace.as_deref().unwrap_or_default(),
@@ -329,10 +327,9 @@ impl World {
                     .is_some_and(|endpoints| !endpoints.is_empty())
             })
             .collect();
-        if managed.is_empty() {
+        let Some(mut slice) = picked(managed, pick) else {
             return;
-        }
-        let mut slice = managed[usize::try_from(pick % managed.len() as u64).unwrap_or(0)].clone();
+        };
         if let Some(endpoints) = slice.endpoints.as_mut() {
             endpoints.remove(0);
         }
