@@ -82,14 +82,17 @@ impl ApiServer {
         *self.inner.faults.lock() = Faults::default();
     }
 
-    /// Makes instance `instance`'s watch cache of `resource` (`"services"`) lag `lag` behind the
-    /// store from now on, as a kube-apiserver cache falling behind does: it stands still until
-    /// the lag is made up, then follows `lag` late. A lag shorter than the configured one
-    /// changes nothing.
+    /// Makes instance `instance`'s watch cache of `resource` (a qualified name: `"services"`,
+    /// `"endpointslices.discovery.k8s.io"`) lag `lag` behind the store from now on, as a
+    /// kube-apiserver cache falling behind does: it stands still until the lag is made up, then
+    /// follows `lag` late. A lag shorter than the configured one changes nothing.
+    ///
+    /// # Panics
+    ///
+    /// If no served resource has that name (a fault that silently did nothing would pass any
+    /// test).
     pub fn lag_cache(&self, instance: usize, resource: &str, lag: Duration) {
-        let Some(storage) = kinds::storage_named(resource) else {
-            return;
-        };
+        let storage = served(resource);
         let floor = self.inner.seen_until(instance, storage);
         self.inner
             .raised
@@ -100,10 +103,12 @@ impl ApiServer {
 
     /// Ends the lag [`ApiServer::lag_cache`] raised on instance `instance`'s cache of
     /// `resource`: it catches up at once, to its configured lag.
+    ///
+    /// # Panics
+    ///
+    /// If no served resource has that name.
     pub fn unlag_cache(&self, instance: usize, resource: &str) {
-        let Some(storage) = kinds::storage_named(resource) else {
-            return;
-        };
+        let storage = served(resource);
         self.inner.raised.lock().remove(&(instance, storage));
         self.wake_watches();
     }
@@ -187,6 +192,12 @@ impl ApiServer {
         self.close_watches(Some(resource));
         true
     }
+}
+
+/// The storage of the served resource named `resource` (qualified).
+fn served(resource: &str) -> (&'static str, &'static str) {
+    kinds::storage_named(resource)
+        .unwrap_or_else(|| panic!("no served resource is named {resource:?}"))
 }
 
 /// Whether the write just applied (by `caller`, of `resource`, a `verb`) is to lose its answer.

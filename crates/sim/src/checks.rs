@@ -18,7 +18,7 @@
 //!   deleted or stopped matching, no later write puts it back while that is still so. And every endpoint published in a Service's slices is
 //!   selected by the Service and its workload exists, within a bound of the change that made
 //!   it unwanted; the bound counts only time when a replica may write (one acts as leader and
-//!   reaches the API server).
+//!   reaches the API server) and can know (none of its caches blind within the stall bound).
 //! - **(d) No duplicate at rest**: when the leader has been quiet for a lease duration, no two
 //!   slices of a Service hold the same endpoint of one address family.
 //! - **(f) Ready means caught up**: a replica's `/ready` (asked in-process of the binary's admin
@@ -286,6 +286,15 @@ impl Checks {
         let record = &mut state.replicas[replica];
         record.stalled = since(record.stalled, stalled);
         record.cache_stalled = cache_blind_since;
+    }
+
+    /// Whether a cache of replica `replica` has been blind (its kind's last stream silenced by a
+    /// fault) for no longer than the stall bound: within it the replica cannot know what changed.
+    pub fn blind_within_bound(&self, replica: usize) -> bool {
+        let state = self.state.lock();
+        state.replicas[replica]
+            .cache_stalled
+            .is_some_and(|since| Instant::now() - since <= self.judge.stall_bound)
     }
 
     /// Replica `replica` is gone (crashed or stopped).

@@ -41,8 +41,9 @@ pub const CONVERGENCE_BOUND: Duration = Duration::from_secs(60);
 /// How often the quiet-time duplicate check, the published side of (c) and `/ready` look.
 const QUIET_POLL: Duration = Duration::from_secs(1);
 /// How long an endpoint may stay published after its Service stopped selecting it (or its
-/// workload went), counting only time when a replica could write: the stall bound (a leader
-/// blind that long), plus the longest lag of one kind (25 s), plus retries.
+/// workload went), counting only time when a replica could write and know (a leader blind
+/// within the stall bound does not count): the longest lag of one kind (25 s), plus retries and
+/// their backoffs, with room to spare.
 pub const UNWANTED_BOUND: Duration = Duration::from_secs(60);
 
 /// A simulation being run (see the module docs).

@@ -29,13 +29,9 @@ fn finds_a_violation_without(off: Safeguard) {
 /// As [`finds_a_violation_without`], searching up to `seeds` seeds (the sweep stops at the
 /// first failing one).
 fn finds_a_violation_within(off: Safeguard, seeds: u64) {
-    finds_a_violation_under(off, seeds, &Options::from_env().0);
-}
-
-/// As [`finds_a_violation_within`], under `options`.
-fn finds_a_violation_under(off: Safeguard, seeds: u64, options: &Options) {
     let setup = Setup::without(off);
-    let result = sweep(1..=search(seeds), options, setup, threads(), true);
+    let (options, _) = Options::from_env();
+    let result = sweep(1..=search(seeds), &options, setup, threads(), true);
     let first = result
         .failures
         .first()
@@ -76,18 +72,13 @@ fn without_the_stall_bound() {
     finds_a_violation_without(Safeguard::StallBound);
 }
 
-/// Searched with one API server instance. With the second, lagging one of the default options,
-/// 3,000 seeds found no violation; why is not known yet: the violation it finds with one
-/// instance (seed 207) is a convergence failure far downstream of the Lease's re-creation, not
-/// the overlap of two leaders the wait prevents, so it rests on one exact interleaving.
-#[test]
-fn without_the_wait_after_a_deleted_lease() {
-    let options = Options {
-        instance_lag: std::time::Duration::ZERO,
-        ..Options::from_env().0
-    };
-    finds_a_violation_under(Safeguard::DeletedLeaseWait, 400, &options);
-}
+// The wait after a deleted Lease (`Safeguard::DeletedLeaseWait`) is shown by the scripted
+// scenario `without_the_wait_a_follower_leads_beside_a_deleted_leases_last_holder`
+// (tests/scenarios/lease.rs). The seeded sweep never showed it reliably: the overlap it prevents
+// is one check (b) excuses after any outside change of the Lease (`ForcedLeaseChange`), a
+// deletion included, so the violations it found were far downstream of the Lease's re-creation
+// (seed 207 with one API server instance, a convergence failure) and vanished as timings moved
+// (with the barrier's proof by version read, 400 seeds find none).
 
 // A fresh tracker per term (`Safeguard::FreshTracker`): no longer found out here. Since the
 // fresh-view rule's clause 2 puts our own answers into the cache and resolves a write of unknown

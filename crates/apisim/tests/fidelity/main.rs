@@ -120,6 +120,16 @@ async fn a_seeded_trace_over_every_kind_is_answered_alike() {
         "seed {seed}: the real server's trace took {:?}",
         started.elapsed()
     );
+    // The acquisition barrier's probe (cluster::watch::fresh) takes only a bookmark at or past
+    // the version a consistent list read for proof: kube-apiserver must give one, or every probe
+    // would end in a re-list.
+    assert!(
+        real.iter().any(|(label, observed)| {
+            label == "probe: a bookmark after a consistent list"
+                && matches!(observed, trace::Observed::Bookmark { not_older: true })
+        }),
+        "kube-apiserver sent no bookmark at or past a consistent list's version"
+    );
 
     let server = apisim::ApiServer::new(apisim::ServerConfig {
         skip_unchanged_writes: true,

@@ -122,6 +122,7 @@ pub async fn run(
         run.step(step).await;
     }
     run.bookmark().await;
+    run.probe().await;
     // A sentinel per storage: once its ADDED arrives, every earlier event of that kind has.
     for kind in [
         Kind::Lease,

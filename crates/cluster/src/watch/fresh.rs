@@ -15,10 +15,14 @@
 //!    resourceVersion: served once the API server's own cache has caught up with etcd);
 //! 2. if the watch has already read that version, the cache is up to date;
 //! 3. otherwise the watch restarts from its last version with a three-second server timeout: the
-//!    server sends the events since that version, then a bookmark about a second later, and a
-//!    bookmark on a stream started after step 1 proves the cache holds everything up to it;
-//! 4. a watch that shows nothing within [`PROBE_WAIT`] (every watch connection stalled) re-lists
-//!    with plain paged LIST requests instead.
+//!    server sends the events since that version, then a bookmark about a second later carrying
+//!    its watch cache's version; the cache is up to date once the watch has read step 1's
+//!    version (an event or a bookmark at or past it). A stream merely started after step 1
+//!    proves nothing: behind one address, another API server instance whose watch cache lags
+//!    may serve it (simulation seed 13843);
+//! 4. a watch that does not read that version within [`PROBE_WAIT`] (every watch connection
+//!    stalled, a lagging instance, a version that is not a number) re-lists with plain paged
+//!    LIST requests instead.
 //!
 //! The barrier runs until the caches are up to date or the term ends (the runtime then drops it).
 
@@ -114,9 +118,7 @@ impl Barrier {
 async fn up_to_date(kind: &Kind, relist_at_most: usize) -> Proof {
     let health = &kind.health;
     if (kind.cached)() <= relist_at_most {
-        let relist = health.request(Command::Relist);
-        health.answered(relist, u64::MAX).await;
-        return Proof::Relisted;
+        return relisted(health).await;
     }
     let read = &kind.read;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
@@ -129,13 +131,18 @@ async fn up_to_date(kind: &Kind, relist_at_most: usize) -> Proof {
             }
         }
     };
-    // A version that is not a number proves nothing: only an answer to the probe counts.
-    let target = if version == 0 { u64::MAX } else { version };
-    if health.read_version() >= target {
+    if version == 0 {
+        tracing::warn!(
+            kind = health.kind(),
+            "the current version is not a number; re-listing with paged lists"
+        );
+        return relisted(health).await;
+    }
+    if health.read_version() >= version {
         return Proof::AlreadyRead;
     }
-    let probe = health.request(Command::Probe);
-    if tokio::time::timeout(PROBE_WAIT, health.answered(probe, target))
+    health.request(Command::Probe);
+    if tokio::time::timeout(PROBE_WAIT, health.reached(version))
         .await
         .is_ok()
     {
@@ -144,10 +151,15 @@ async fn up_to_date(kind: &Kind, relist_at_most: usize) -> Proof {
     tracing::warn!(
         kind = health.kind(),
         wait = ?PROBE_WAIT,
-        "watch did not show the cache up to date; re-listing with paged lists"
+        "watch did not read the current version; re-listing with paged lists"
     );
+    relisted(health).await
+}
+
+/// Re-lists the kind with plain paged LIST requests (consistent reads, fresh by construction).
+async fn relisted(health: &KindHealth) -> Proof {
     let relist = health.request(Command::Relist);
-    health.answered(relist, u64::MAX).await;
+    health.answered(relist).await;
     Proof::Relisted
 }
 
@@ -231,6 +243,54 @@ mod tests {
         assert_eq!(took, PROBE_WAIT + Duration::from_secs(2));
         let seen = answering.await.expect("answered");
         assert!(matches!(seen[..], [Command::Probe(_), Command::Relist(_)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_answered_below_the_version_read_is_no_proof() {
+        // Another API server instance, its watch cache lagging, serves the probe's stream: the
+        // stream starts after the read, but its bookmark is older than the version read.
+        let (health, mut commands) = kind("EndpointSlice");
+        health.seen(Some(208));
+        let barrier = Barrier::new(vec![large(health.clone(), reading(212))]);
+        let answering = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some(command) = commands.recv().await {
+                seen.push(command);
+                match command {
+                    Command::Probe(id) => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        health.seen(Some(209));
+                        health.answer(id);
+                    }
+                    Command::Relist(id) => {
+                        health.seen(Some(213));
+                        health.answer(id);
+                        return seen;
+                    }
+                }
+            }
+            seen
+        });
+        let (took, proofs) = barrier.bring_up_to_date().await;
+        assert_eq!(proofs, vec![("EndpointSlice", Proof::Relisted)]);
+        assert_eq!(took, PROBE_WAIT);
+        let seen = answering.await.expect("answered");
+        assert!(matches!(seen[..], [Command::Probe(_), Command::Relist(_)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_version_that_is_not_a_number_is_relisted_without_a_probe() {
+        let (health, mut commands) = kind("Service");
+        let barrier = Barrier::new(vec![large(health.clone(), reading(0))]);
+        let answering = tokio::spawn(async move {
+            let Some(Command::Relist(id)) = commands.recv().await else {
+                panic!("a re-list, not a probe")
+            };
+            health.answer(id);
+        });
+        let (_, proofs) = barrier.bring_up_to_date().await;
+        assert_eq!(proofs, vec![("Service", Proof::Relisted)]);
+        answering.await.expect("answered");
     }
 
     #[tokio::test(start_paused = true)]

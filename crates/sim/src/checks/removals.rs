@@ -21,7 +21,7 @@ impl Checks {
     /// it exists: others are the garbage collector's) is selected by it and its workload
     /// exists, or has been for no longer than `bound` of the time a replica could write.
     /// `elapsed` is the time since the last look, `may_write` whether a replica could write in
-    /// it.
+    /// it (and know: none of its caches blind within the stall bound).
     pub fn check_published(&self, elapsed: Duration, may_write: bool, bound: Duration) {
         let mut state = self.state.lock();
         let mut unwanted = BTreeSet::new();

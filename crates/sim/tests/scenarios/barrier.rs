@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use sim::Safeguard;
 use slices::testing::vm;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 
-use crate::{driver::run, following_with_web, lead_until_web_publishes_both};
+use crate::{
+    driver::run, following_with_web, following_with_web_configured, lead_until_web_publishes_both,
+    remove_endpoint,
+};
 
 /// Clause 1, the acquisition barrier: a follower whose workload watch is held (a stalled or
 /// lagging stream) takes the Lease after another leader published vm-2's new address. The new
@@ -57,6 +60,38 @@ fn held_workload_watch_at_acquisition(off: Option<Safeguard>) {
         assert!(published.contains(&"10.0.0.9".to_string()), "{published:?}");
         scripted.link().release_watches();
         scripted.settle().await;
+        scripted.stop().await;
+    });
+}
+
+/// Clause 1 against a lagging watch cache, with the barrier's probe (the form for large caches):
+/// the API server's slice cache lags 20 s, so the probe's stream, though started after the
+/// version read at acquisition, shows a past older than that version. Someone took vm-1 out of
+/// web's slice while the replica followed. The new term waits until its watch has read the
+/// version (or re-lists once the probe wait is over), and puts vm-1 back long before the
+/// lagging cache shows the edit; taking the stream's bookmark for the present, it planned from
+/// the slice as it was and wrote nothing until the cache caught up (simulation seed 13843).
+#[test]
+fn a_new_term_does_not_take_a_lagging_caches_bookmark_for_the_present() {
+    run(|| async {
+        let scripted = following_with_web_configured(None, |config| {
+            config.safeguards = config.safeguards.with_barrier_relisting_at_most(0);
+        })
+        .await;
+        lead_until_web_publishes_both(&scripted).await;
+        scripted.settle().await;
+        scripted.follow().await;
+        scripted.lag_slice_cache(Duration::from_secs(20));
+        // The cache stands where it was at this instant; the edit comes after.
+        sleep(Duration::from_secs(1)).await;
+        remove_endpoint(&scripted, &scripted.only_slice("web"), "10.0.0.1").await;
+        let acquired = Instant::now();
+        lead_until_web_publishes_both(&scripted).await;
+        let took = acquired.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "vm-1 came back only after {took:?}: the term planned from the lagging cache"
+        );
         scripted.stop().await;
     });
 }

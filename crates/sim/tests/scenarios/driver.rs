@@ -49,6 +49,9 @@ pub const WATCH_LAG: Duration = Duration::from_millis(20);
 /// The resource whose watch the scenarios hold and lag.
 const SLICES: &str = "endpointslices";
 
+/// The qualified name of that resource, for the API server's own watch cache.
+const SLICES_QUALIFIED: &str = "endpointslices.discovery.k8s.io";
+
 /// How long [`wait_until`] waits (in paused time) before failing the test.
 const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
@@ -162,6 +165,15 @@ impl Scripted {
     pub async fn follow(&self) {
         self.take_lease().await;
         wait_until("the replica follows", || self.term().is_none()).await;
+    }
+
+    /// Someone deletes the Lease, its holder not told.
+    pub async fn delete_lease(&self) {
+        let leases: Api<Lease> = Api::namespaced(self.driver.clone(), LEASE_NAMESPACE);
+        leases
+            .delete(LEASE_NAME, &DeleteParams::default())
+            .await
+            .expect("the Lease deleted");
     }
 
     /// Reads, edits and writes back the Lease (creating it when missing), again on a conflict
@@ -296,6 +308,13 @@ impl Scripted {
     /// The slice watch delivers again (each change [`WATCH_LAG`] after it was read, as before).
     pub fn release_slice_watch(&self) {
         self.link().release_watches();
+    }
+
+    /// The API server's own watch cache of slices lags `lag` behind its store from now on (as a
+    /// kube-apiserver cache falling behind): watches and their bookmarks show the past, while
+    /// consistent reads show the present.
+    pub fn lag_slice_cache(&self, lag: Duration) {
+        self.server.lag_cache(0, SLICES_QUALIFIED, lag);
     }
 
     /// Waits until every watch frame the API sent has reached the replica, and a moment for

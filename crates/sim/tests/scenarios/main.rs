@@ -11,6 +11,7 @@
 
 mod barrier;
 mod driver;
+mod lease;
 
 use std::time::Duration;
 
@@ -34,7 +35,15 @@ async fn leading_with_web() -> Scripted {
 /// The replica started (still following) with the safeguard `off` switched off, if any, and
 /// `web` applied, selecting vm-1 and vm-2.
 async fn following_with_web(off: Option<Safeguard>) -> Scripted {
-    let scripted = Scripted::start(off).await;
+    following_with_web_configured(off, |_| {}).await
+}
+
+/// As [`following_with_web`], with `edit` applied to the replica's configuration last.
+async fn following_with_web_configured(
+    off: Option<Safeguard>,
+    edit: impl FnOnce(&mut cluster::ControllerConfig),
+) -> Scripted {
+    let scripted = Scripted::start_with(off, edit).await;
     scripted.apply_service(web().build()).await;
     scripted
         .apply_workload(vm("vm-1", "10.0.0.1").build())

@@ -1,5 +1,6 @@
 //! What the trace asks of the history once: a paged list continued and a watch started from
-//! before a compaction (`410 Gone`), and a bookmark's version before a watch's timeout.
+//! before a compaction (`410 Gone`), a bookmark's version before a watch's timeout, and the
+//! acquisition barrier's probe (a bookmark not older than a consistent list read before it).
 
 use super::*;
 
@@ -85,47 +86,81 @@ impl Run<'_> {
         ));
     }
 
-    /// A watch that asked for bookmarks, with a short timeout (6 s): the bookmark before the timeout
-    /// carries a version no older than the newest written. Bookmarks are best effort in
-    /// kube-apiserver (a stream may end at its timeout without one: CI at 2f017da), so a stream
-    /// that ends without one is opened again, up to three times.
+    /// A watch that asked for bookmarks, with a short timeout (6 s): the bookmark before the
+    /// timeout carries a version no older than the newest written.
     pub(super) async fn bookmark(&mut self) {
-        let mut observed = Observed::Events(Vec::new());
-        for _ in 0..3 {
-            observed = self.bookmark_once().await;
-            if matches!(observed, Observed::Bookmark { .. }) {
-                break;
-            }
-        }
+        let newest = self.newest;
+        let observed = self.bookmark_of_lease_watch(newest, 6, newest).await;
         self.steps
             .push(("bookmark before the timeout".into(), observed));
     }
 
-    /// One watch of [`Self::bookmark`]: its bookmark, or the (no) events it ended with.
-    async fn bookmark_once(&mut self) -> Observed {
-        let newest = self.newest;
-        let query = format!("allowWatchBookmarks=true&resourceVersion={newest}&timeoutSeconds=6");
-        let request = self.watch_request(Kind::Lease, &query);
-        let stream = self
-            .client
-            .request_events::<Value>(request)
+    /// The acquisition barrier's probe of a quiet kind: a write of another kind, the Leases'
+    /// version read by a consistent LIST after it, then a watch of Leases from before that write
+    /// with the probe's short timeout (3 s). Its bookmark is not older than the list: the barrier
+    /// takes only a version read at or past the list's for proof that the cache holds it (an
+    /// older bookmark is a watch cache behind the read).
+    pub(super) async fn probe(&mut self) {
+        let from = self.newest;
+        let body = self.body(Kind::Service, Some("zz-probe"), false);
+        let answer = self
+            .send(
+                Method::POST,
+                &self.collection(Kind::Service),
+                None,
+                Some(&body),
+            )
+            .await;
+        self.record(
+            "probe: a write of another kind".into(),
+            Kind::Service,
+            "zz-probe",
+            answer,
+        );
+        let listed = self
+            .list_version(Kind::Lease)
             .await
-            .expect("a watch");
-        let mut stream = std::pin::pin!(stream);
-        let mut observed = Observed::Events(Vec::new());
-        while let Ok(Some(event)) = stream.try_next().await {
-            if let WatchEvent::Bookmark(bookmark) = event {
-                let version = bookmark
-                    .metadata
-                    .resource_version
-                    .parse::<u64>()
-                    .unwrap_or(0);
-                observed = Observed::Bookmark {
-                    not_older: version >= newest,
-                };
-                break;
+            .parse::<u64>()
+            .unwrap_or(0);
+        // `listed` newer than `from`: the bookmark has to move past the watch's start.
+        let observed = match self.bookmark_of_lease_watch(from, 3, listed).await {
+            Observed::Bookmark { not_older } => Observed::Bookmark {
+                not_older: not_older && listed > from,
+            },
+            observed => observed,
+        };
+        self.steps
+            .push(("probe: a bookmark after a consistent list".into(), observed));
+    }
+
+    /// A watch of Leases from `from`, with bookmarks and a timeout of `timeout` seconds: whether
+    /// its first bookmark is at `at_least` or newer, or the (no) events it ended with. Bookmarks
+    /// are best effort in kube-apiserver (a stream may end at its timeout without one: CI at
+    /// 2f017da), so a stream that ends without one is opened again, up to three times.
+    async fn bookmark_of_lease_watch(&self, from: u64, timeout: u32, at_least: u64) -> Observed {
+        for _ in 0..3 {
+            let query =
+                format!("allowWatchBookmarks=true&resourceVersion={from}&timeoutSeconds={timeout}");
+            let request = self.watch_request(Kind::Lease, &query);
+            let stream = self
+                .client
+                .request_events::<Value>(request)
+                .await
+                .expect("a watch");
+            let mut stream = std::pin::pin!(stream);
+            while let Ok(Some(event)) = stream.try_next().await {
+                if let WatchEvent::Bookmark(bookmark) = event {
+                    let version = bookmark
+                        .metadata
+                        .resource_version
+                        .parse::<u64>()
+                        .unwrap_or(0);
+                    return Observed::Bookmark {
+                        not_older: version >= at_least,
+                    };
+                }
             }
         }
-        observed
+        Observed::Events(Vec::new())
     }
 }
