@@ -485,6 +485,26 @@ impl ApiServer {
         }
     }
 
+    /// Whether every instance's watch cache of `resource` (a qualified name) holds every change
+    /// of it the store has: a watch of it, opened or open on any instance, can show the present.
+    ///
+    /// # Panics
+    ///
+    /// If no served resource has that name.
+    pub fn cache_caught_up(&self, resource: &str) -> bool {
+        let storage = kinds::storage_named(resource)
+            .unwrap_or_else(|| panic!("no served resource is named {resource:?}"));
+        let newest = self.revision();
+        (0..self.inner.config.instances.len().max(1)).all(|instance| {
+            let (version, _) = self.inner.cache_version(instance, storage);
+            self.inner
+                .store
+                .lock()
+                .fed(storage, version, newest)
+                .is_some_and(|changes| changes.is_empty())
+        })
+    }
+
     /// The newest resourceVersion.
     pub fn revision(&self) -> u64 {
         self.inner.store.lock().revision

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api,
-    api::{ListParams, PostParams, WatchEvent, WatchParams},
+    api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
 };
 use parking_lot::Mutex;
 use serde_json::json;
@@ -184,6 +184,57 @@ async fn a_fencing_policy_reads_the_lease_as_the_serving_instance_caches_it() {
         ],
         "the lagging instance's policy saw the old holder for a second"
     );
+}
+
+/// The caches of a lagging instance hold a change only once the lag has passed: until then a
+/// watch it serves cannot show the present.
+#[tokio::test(start_paused = true)]
+async fn a_lagging_instance_catches_up_with_a_change_after_its_lag() {
+    let server = two_instances(Duration::from_secs(2));
+    assert!(server.cache_caught_up(LEASES), "nothing written yet");
+    let api: Api<Lease> = Api::namespaced(
+        kube::Client::new(server.service_on("a", 0), "default"),
+        "ns",
+    );
+    api.create(&PostParams::default(), &lease("l", "a"))
+        .await
+        .unwrap();
+    assert!(
+        !server.cache_caught_up(LEASES),
+        "the lagging instance has not seen it"
+    );
+    assert!(
+        server.cache_caught_up("services"),
+        "nothing of that resource changed"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(server.cache_caught_up(LEASES));
+}
+
+/// A delete the admission hook refuses answers the refusal and keeps the object, as a refused
+/// create or update does: the fencing policy refuses a deposed leader's deletes too.
+#[tokio::test(start_paused = true)]
+async fn a_delete_refused_by_admission_keeps_the_object() {
+    let server = ApiServer::new(ServerConfig::default());
+    let api: Api<Lease> = Api::namespaced(server.client("a"), "ns");
+    api.create(&PostParams::default(), &lease("kept", "a"))
+        .await
+        .unwrap();
+    server.admit(|request| match request.verb {
+        Verb::Delete => {
+            Err(kube::core::Status::failure("not the holder", "Forbidden").with_code(403))
+        }
+        _ => Ok(()),
+    });
+    let refused = api
+        .delete("kept", &DeleteParams::default())
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&refused, kube::Error::Api(status) if status.code == 403),
+        "{refused:?}"
+    );
+    assert!(api.get_opt("kept").await.unwrap().is_some(), "still stored");
 }
 
 #[tokio::test(start_paused = true)]

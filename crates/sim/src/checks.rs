@@ -26,7 +26,8 @@
 //!   for longer than the stall bound and a moment to notice ([`Checks::check_ready`]).
 //! - **(e) Convergence**: checked by the world once the faults stop (see `world`): every
 //!   Service's slices keep the rules of the independent [`reference`](crate::reference) once
-//!   every replica sees the present (no stalled stream, no frame a lag holds); once they kept
+//!   every replica sees the present (no stalled stream, no frame a lag holds, no API server
+//!   cache behind the store); once they kept
 //!   them, no write breaks them again (a drift: a write from a view older than the slices); and
 //!   nothing is written at rest.
 //!

@@ -343,12 +343,18 @@ impl Call<'_> {
             }
         }
         if held.is_empty() {
-            return self
-                .apply(Verb::Delete, key, None, StatusCode::OK)
-                .map(|_| {
-                    let revision = self.inner.store.lock().revision;
-                    json_response(StatusCode::OK, &deleted(resource, &current, revision))
-                });
+            let answer = self.apply(Verb::Delete, key, None, StatusCode::OK)?;
+            // A refusal (the admission hook: the fencing policy) is the answer, and nothing
+            // was deleted (simulation seed 56762: a deposed leader's delete answered 200, kept
+            // as a tombstone in its cache, and the slice stayed).
+            if !answer.status().is_success() {
+                return Ok(answer);
+            }
+            let revision = self.inner.store.lock().revision;
+            return Ok(json_response(
+                StatusCode::OK,
+                &deleted(resource, &current, revision),
+            ));
         }
         // Finalizers hold it: it is marked deleting (once) and stays until they are removed.
         let mut deleting = current.clone();

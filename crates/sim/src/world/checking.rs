@@ -12,6 +12,13 @@ use tokio::time::Instant;
 use super::{CONVERGENCE_BOUND, UNWANTED_BOUND, World};
 use crate::{checks::Check, reference};
 
+/// The resources the replicas cache, by the names the API server's caches go by.
+const CACHED: [&str; 3] = [
+    "services",
+    "externalworkloads.workload.linkerd.io",
+    "endpointslices.discovery.k8s.io",
+];
+
 /// How often convergence is looked at.
 const CONVERGENCE_POLL: Duration = Duration::from_millis(250);
 /// How long past the stall bound a replica may take to notice a silent watch and stop
@@ -61,10 +68,12 @@ impl World {
     /// settled; `None` (a violation) if that takes longer than [`CONVERGENCE_BOUND`].
     pub(super) async fn converge(&self, healed_at: Instant) -> Option<Duration> {
         let mut writes_at_last_look = None;
-        // Since when the slices have kept the rules with no write on its way: after the heal
-        // nothing changes but what the replicas write, so a later look that finds a rule broken
-        // saw a write planned from a view older than the slices (the fault the acquisition
-        // barrier prevents, among others).
+        // Since when the slices have kept the rules with no write on its way and every replica
+        // seeing the present: after the heal nothing changes but what the replicas write, so a
+        // later look that finds a rule broken saw a write planned from a view older than the
+        // slices (the fault the acquisition barrier prevents, among others). While a replica is
+        // still behind, what it writes is its catching up, in the order the changes were made
+        // (seed 29133: both halves of a readiness flap through a lagging server cache).
         let mut kept_since = None;
         let mut drifted = false;
         loop {
@@ -80,14 +89,23 @@ impl World {
                 .replicas
                 .iter()
                 .any(|replica| replica.link.writes_in_flight() > 0);
+            // The API server's own watch caches too: an instance lagging behind the store still
+            // holds changes made before the heal from every watch it serves (seed 29133: a
+            // readiness flap 1.3 s before the heal reached the leader 1.6 s late, after the
+            // slices had kept the rules, and it wrote both halves of it).
             let behind = self
                 .replicas
                 .iter()
-                .any(|replica| replica.link.faulty() || replica.link.undelivered_frames() > 0);
+                .any(|replica| replica.link.faulty() || replica.link.undelivered_frames() > 0)
+                || !CACHED
+                    .iter()
+                    .all(|cached| self.server.cache_caught_up(cached));
             let (_, writes) = self.checks.slice_writes();
             let wrote = writes_at_last_look.replace(writes) != Some(writes);
             match kept_since {
-                None if pending.is_empty() && !on_the_wire => kept_since = Some(Instant::now()),
+                None if pending.is_empty() && !on_the_wire && !behind => {
+                    kept_since = Some(Instant::now());
+                }
                 Some(since) if !pending.is_empty() && !drifted => {
                     drifted = true;
                     self.checks.report(
@@ -110,7 +128,10 @@ impl World {
                     pending.push("a write still on its way".to_string());
                 }
                 if behind {
-                    pending.push("a replica still behind (a stalled stream, a lag)".to_string());
+                    pending.push(
+                        "a replica still behind (a stalled stream, a lag, a lagging server cache)"
+                            .to_string(),
+                    );
                 }
                 if wrote {
                     pending.push("still writing".to_string());
