@@ -195,7 +195,12 @@ impl ApiServer {
 }
 
 /// The storage of the served resource named `resource` (qualified).
-fn served(resource: &str) -> (&'static str, &'static str) {
+///
+/// # Panics
+///
+/// If no served resource has that name: a fault or a question about a resource the server does
+/// not serve would otherwise silently do nothing.
+pub(crate) fn served(resource: &str) -> (&'static str, &'static str) {
     kinds::storage_named(resource)
         .unwrap_or_else(|| panic!("no served resource is named {resource:?}"))
 }

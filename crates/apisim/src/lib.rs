@@ -492,8 +492,7 @@ impl ApiServer {
     ///
     /// If no served resource has that name.
     pub fn cache_caught_up(&self, resource: &str) -> bool {
-        let storage = kinds::storage_named(resource)
-            .unwrap_or_else(|| panic!("no served resource is named {resource:?}"));
+        let storage = faults::served(resource);
         let newest = self.revision();
         (0..self.inner.config.instances.len().max(1)).all(|instance| {
             let (version, _) = self.inner.cache_version(instance, storage);

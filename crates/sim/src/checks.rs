@@ -27,9 +27,9 @@
 //! - **(e) Convergence**: checked by the world once the faults stop (see `world`): every
 //!   Service's slices keep the rules of the independent [`reference`](crate::reference) once
 //!   every replica sees the present (no stalled stream, no frame a lag holds, no API server
-//!   cache behind the store); once they kept
-//!   them, no write breaks them again (a drift: a write from a view older than the slices); and
-//!   nothing is written at rest.
+//!   cache behind the store); once they kept them with every replica seeing the present, no
+//!   write breaks them again (a drift: a write from a view older than the slices); and nothing
+//!   is written at rest.
 //!
 //! This module holds the checks' shared state, what they know of each replica and the
 //! violations found; `store` keeps the view of the API's store and hands each write to the
