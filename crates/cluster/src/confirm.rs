@@ -1,6 +1,7 @@
 //! Clause 3's reads (docs/architecture.md, "A fresh view"): the Service of a pass that adds, and
 //! the added workloads ([`crate::view`]), are read from the API server, and the addition is
-//! written only if they agree with the view.
+//! written only if they agree with the view (unless the caches vouch for it:
+//! [`crate::view::View::caches_vouch`]).
 //!
 //! - the Service (a GET), always: a selector change the Service watch has not delivered could
 //!   make the addition wrong (the selector changed, then the workload's labels matched the old
@@ -14,7 +15,9 @@
 //! API server's cache has caught up with it), so it shows every change made before it. When a
 //! read disagrees with the view, nothing is written: the reconcile looks again shortly, when the
 //! lagging watch has delivered more. Passes that add nothing (readiness, addresses, removals, a
-//! replay that finds the slices right) read nothing.
+//! replay that finds the slices right) read nothing, nor does a Service's addition before the
+//! term's first write of its slices when the caches show it at one point (a new term's replay
+//! over quiet caches: an initial publish costs one create per slice).
 //!
 //! Between the read and the write the world can move on again (a workload deleted a moment after
 //! the GET). That is an ordinary race: the removal is published by this leader after its write,
@@ -182,7 +185,7 @@ mod tests {
 
     use super::*;
     use crate::test_api::TestApi;
-    use crate::view::{Admission, View, admit};
+    use crate::view::{Admission, Marks, View, admit};
 
     /// A plan for `service` and `workloads` over `existing`, and the workloads to read with the
     /// Service to confirm it (`None`: nothing to confirm).
@@ -202,6 +205,10 @@ mod tests {
         let view = View {
             unresolved_write: false,
             added: added(&plan, &held, &cached),
+            // No watermark: the caches vouch for nothing here.
+            marks: Marks::default(),
+            service_version: None,
+            written: true,
         };
         match admit(&view) {
             Admission::Write => None,

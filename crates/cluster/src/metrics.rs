@@ -18,7 +18,7 @@ use slices::ProblemKind;
 
 use crate::{
     timing::TimingMetrics,
-    view::{Wait, WaitLabels},
+    view::{Vouched, VouchedLabels, Wait, WaitLabels},
 };
 
 /// Counters and histograms the reconcile path updates.
@@ -32,6 +32,9 @@ pub struct Metrics {
     pub slice_write_errors: Family<WriteLabels, Counter>,
     /// Waits of the fresh-view rule, by reason (docs/architecture.md, "A fresh view").
     pub view_waits: Family<WaitLabels, Counter>,
+    /// Passes that added an endpoint, by what vouched for the addition (clause 3 of the
+    /// fresh-view rule).
+    pub additions: Family<VouchedLabels, Counter>,
     /// Workload values left out of slices, by reason.
     pub invalid_workload_data: Family<ReasonLabels, Counter>,
     /// Warning Events published on Services.
@@ -156,6 +159,11 @@ impl Metrics {
         self.view_waits.get_or_create(&WaitLabels { reason }).inc();
     }
 
+    /// Counts one pass whose additions were vouched for `by` the caches or by reads.
+    pub fn count_addition(&self, by: Vouched) {
+        self.additions.get_or_create(&VouchedLabels { by }).inc();
+    }
+
     /// Creates the metrics and registers them in `registry` (which should carry the
     /// `external_endpoints` prefix).
     pub fn register(registry: &mut Registry) -> Self {
@@ -166,6 +174,7 @@ impl Metrics {
             slice_writes: Family::default(),
             slice_write_errors: Family::default(),
             view_waits: Family::default(),
+            additions: Family::default(),
             invalid_workload_data: Family::default(),
             events_published: Counter::default(),
             watch_errors: Family::default(),
@@ -185,6 +194,12 @@ impl Metrics {
             metrics
                 .view_waits
                 .get_or_create(&WaitLabels { reason })
+                .inc_by(0);
+        }
+        for by in [Vouched::caches, Vouched::reads] {
+            metrics
+                .additions
+                .get_or_create(&VouchedLabels { by })
                 .inc_by(0);
         }
         for kind in ProblemKind::ALL {
@@ -215,6 +230,14 @@ impl Metrics {
              (own_writes), an addition the API server did not confirm (unconfirmed, or \
              lost_watch while a watch catches up)",
             metrics.view_waits.clone(),
+        );
+        registry.register(
+            "additions",
+            "Passes that added an endpoint to a Service's slices, by what showed the addition \
+             as the API server had it (clause 3 of the fresh-view rule): the caches (the Service \
+             and the added workloads unchanged since both watches' marks) or reads from the API \
+             server after the plan",
+            metrics.additions.clone(),
         );
         registry.register(
             "invalid_workload_data",

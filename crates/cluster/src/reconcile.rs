@@ -17,7 +17,7 @@ use crate::{
     health::CacheHealth,
     metrics::{Metrics, Outcome, OutcomeLabels},
     timing::{Began, Stage, Timing, Wait as Waiting},
-    view::{self, Admission, View, Wait},
+    view::{self, Admission, View, Vouched, Wait},
     writer::{KubeReadWrite, Pass, WriteError, WriteRate, write_plan},
 };
 
@@ -170,6 +170,8 @@ async fn reconcile_inner(
     // from the view that holds what they did.
     loop {
         let planning = Instant::now();
+        // Before the caches are read: each holds at least everything up to its mark.
+        let marks = shared.health.marks();
         let Some(service) = shared.caches.services.get(&key.namespace, &key.name) else {
             // Deleted: its slices go by garbage collection (owner reference).
             state.tracker.lock().forget(key);
@@ -202,9 +204,16 @@ async fn reconcile_inner(
             } else {
                 Vec::new()
             },
+            marks,
+            service_version: service.resource_version.as_ref(),
+            written: state.tracker.lock().has_written(key),
         };
         match view::admit(&view) {
-            Admission::Write => {}
+            Admission::Write => {
+                if !view.added.is_empty() {
+                    shared.metrics.count_addition(Vouched::caches);
+                }
+            }
             Admission::ReadBack => {
                 shared.metrics.count_wait(Wait::own_writes);
                 tracing::debug!(
@@ -239,12 +248,13 @@ async fn reconcile_inner(
                     shared.metrics.count_wait(reason);
                     tracing::debug!(
                         wait = ?reason,
-                        marks = ?shared.health.marks(),
+                        marks = ?view.marks,
                         "the API server no longer has the Service selecting a workload to add; \
                          looking again once the watches have read further"
                     );
                     return Ok(ReconcileOutcome::Waited(reason));
                 }
+                shared.metrics.count_addition(Vouched::reads);
             }
         }
 

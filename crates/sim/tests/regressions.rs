@@ -79,23 +79,27 @@ fn a_write_held_past_its_tenure_onto_a_slice_nobody_rewrote_after_it_is_excused_
     // Lease a moment late). The limitation `InFlightAcrossChange` covers this unless someone
     // else rewrote the slice after the write was sent; check (a) compared times and counted the
     // foreign edit, applied first at the same instant. It compares the order of the writes now.
-    let report = run(30112);
-    let ended: Vec<_> = report
-        .violations
-        .iter()
-        .filter(|violation| violation.check == Check::EndedTermWrote)
-        .collect();
-    assert!(
-        !ended.is_empty(),
-        "the write across the change is still seen: {report}"
-    );
-    assert!(
-        ended
+    // 40767 and 47847 of a later sweep were the same; since a new term's replay reads nothing
+    // for its additions (clause 3), 30112's run no longer holds such a write, and these two do.
+    for seed in [40767, 47847] {
+        let report = run(seed);
+        let ended: Vec<_> = report
+            .violations
             .iter()
-            .all(|violation| violation.known == Some(Known::InFlightAcrossChange)),
-        "{report}"
-    );
-    assert!(report.passed(), "{report}");
+            .filter(|violation| violation.check == Check::EndedTermWrote)
+            .collect();
+        assert!(
+            !ended.is_empty(),
+            "the write across the change is still seen: {report}"
+        );
+        assert!(
+            ended
+                .iter()
+                .all(|violation| violation.known == Some(Known::InFlightAcrossChange)),
+            "{report}"
+        );
+        assert!(report.passed(), "{report}");
+    }
 }
 
 #[test]

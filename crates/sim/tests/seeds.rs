@@ -70,14 +70,22 @@ type Pins = &'static [(Known, u64)];
 /// write, or in a term's first seconds, meet other writes. With
 /// `SIM_SERVER_FAULTS=0 SIM_INSTANCE_LAG_MS=0 SIM_PROBING_PERCENT=0` the counts are the earlier
 /// pins, 28, 18 and 1 as deployed and 3, 131 and 33 alone.
+/// Moved again (92, 54, 0 as deployed and 18, 274, 59 alone) when a Service's additions before
+/// the term's first write of its slices stopped reading the API server (clause 3: the caches
+/// vouch at one point past the acquisition point): a replay sends one call per Service where it
+/// sent three in turn, so its writes land sooner after the acquisition and more of them fall in
+/// the RenewDeadline after an outside change of the Lease, or in flight across a change (seed
+/// 1320 as deployed: a write held 14.4 s by a pause landed 19 ms after replica-2 acquired, past
+/// the fencing policy's Lease cache, a moment late).
 const EXCUSED_AS_DEPLOYED: Pins = &[
-    (Known::MissingLeaseAtStart, 92),
-    (Known::ForcedLeaseChange, 54),
+    (Known::MissingLeaseAtStart, 95),
+    (Known::ForcedLeaseChange, 61),
+    (Known::InFlightAcrossChange, 3),
 ];
 const EXCUSED_ALONE: Pins = &[
-    (Known::MissingLeaseAtStart, 18),
-    (Known::ForcedLeaseChange, 274),
-    (Known::InFlightAcrossChange, 59),
+    (Known::MissingLeaseAtStart, 13),
+    (Known::ForcedLeaseChange, 347),
+    (Known::InFlightAcrossChange, 88),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.

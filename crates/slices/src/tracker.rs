@@ -69,6 +69,15 @@ impl Tracker {
     /// read back before it is planned again ([`Tracker::needs_read_back`]).
     pub fn record_unknown_outcome(&mut self, key: &ServiceKey) {
         self.unresolved.insert(key.clone());
+        // It may have landed: the Service counts as written ([`Tracker::has_written`]).
+        self.services.entry(key.clone()).or_default();
+    }
+
+    /// Whether this term has written `key`'s slices: a write answered, or sent with an outcome
+    /// unknown. Until then, nothing this term published for the Service can have removed an
+    /// endpoint (docs/architecture.md, "A fresh view", clause 3).
+    pub fn has_written(&self, key: &ServiceKey) -> bool {
+        self.services.contains_key(key)
     }
 
     /// Whether `key` had a write of unknown outcome not yet resolved by a read.

@@ -79,6 +79,32 @@ fn a_write_of_unknown_outcome_holds_its_service_until_read_back() {
 }
 
 #[test]
+fn a_service_counts_as_written_from_its_first_write_of_the_term_answered_or_not() {
+    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
+    assert!(!tracker.has_written(&key()));
+    let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
+    assert!(tracker.has_written(&key()));
+    assert!(!tracker.has_written(&ServiceKey::new("default", "api")));
+    // Someone deletes the slice: still written by this term.
+    tracker.observe(Some(&CachedSlice::from(&created[0])), None);
+    assert!(tracker.has_written(&key()));
+
+    let mut unanswered = Tracker::new();
+    unanswered.record_unknown_outcome(&key());
+    assert!(
+        unanswered.has_written(&key()),
+        "a write of unknown outcome may have landed"
+    );
+    unanswered.read_back(&key());
+    assert!(unanswered.has_written(&key()));
+    unanswered.forget(&key());
+    assert!(
+        !unanswered.has_written(&key()),
+        "a Service deleted starts again"
+    );
+}
+
+#[test]
 fn own_writes_seen_through_the_watch_are_recognised() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);

@@ -393,6 +393,21 @@ impl Scripted {
             .collect()
     }
 
+    /// How many single objects of `resource` (`"services"`) the replica read by a GET.
+    pub fn object_reads(&self, resource: &str) -> usize {
+        let collection = format!("/{resource}/");
+        self.server
+            .log()
+            .into_iter()
+            .filter(|entry| entry.caller == IDENTITY && entry.method == "GET")
+            .filter(|entry| {
+                let path = entry.uri.split('?').next().unwrap_or_default();
+                path.split_once(&collection)
+                    .is_some_and(|(_, name)| !name.is_empty())
+            })
+            .count()
+    }
+
     /// The replica's slice writes whose line starts with `prefix` (`"POST"`, `"PUT"`).
     pub fn writes_of(&self, prefix: &str) -> usize {
         let writes = self.slice_writes();

@@ -369,6 +369,32 @@ fn replay_after_reacquire_publishes_changes_made_while_following() {
     });
 }
 
+/// A new term's replay over quiet caches adds every endpoint without reading the API server:
+/// the barrier brought both watermarks past every Service and workload, so the caches show the
+/// additions at one point (clause 3), and the publish costs its creates alone.
+#[test]
+fn a_replay_over_quiet_caches_adds_without_reading_the_api_server() {
+    run(|| async {
+        let scripted = following_with_web(None).await;
+        lead_until_web_publishes_both(&scripted).await;
+        assert_eq!(
+            (
+                scripted.object_reads("services"),
+                scripted.object_reads("externalworkloads")
+            ),
+            (0, 0),
+            "clause 3 read the API server"
+        );
+        assert_eq!(
+            scripted.metric("additions_total{by=\"caches\"}"),
+            Some(1.0),
+            "the replay's pass counted as vouched for by the caches"
+        );
+        assert_eq!(scripted.metric("additions_total{by=\"reads\"}"), Some(0.0));
+        scripted.stop().await;
+    });
+}
+
 /// A change that comes while the watch has not yet shown our own previous write is published
 /// at once, from the cache that holds that write's answer (issue 20 found the wait for the echo
 /// the largest share of our p99 under load; the fresh-view rule removed the wait).
