@@ -105,6 +105,35 @@ fn a_service_counts_as_written_from_its_first_write_of_the_term_answered_or_not(
 }
 
 #[test]
+fn a_slice_someone_else_deleted_is_no_longer_taken_for_our_write() {
+    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
+    let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
+    let ours = CachedSlice::from(&created[0]);
+    tracker.observe(Some(&ours), None);
+    // The same version seen again (a watch of a lagging API server instance replaying it) is
+    // not ours any more: it is planned like anyone's slice.
+    assert!(!tracker.is_own_write(&ours));
+}
+
+#[test]
+fn the_tracker_counts_the_services_it_holds_records_of() {
+    let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
+    assert_eq!((tracker.is_empty(), tracker.len()), (true, 0));
+    write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
+    assert_eq!((tracker.is_empty(), tracker.len()), (false, 1));
+    tracker.record_unknown_outcome(&ServiceKey::new("default", "api"));
+    assert_eq!((tracker.is_empty(), tracker.len()), (false, 2));
+    let mut unresolved_only = Tracker::new();
+    unresolved_only.record_unknown_outcome(&key());
+    unresolved_only.read_back(&key());
+    assert_eq!(
+        (unresolved_only.is_empty(), unresolved_only.len()),
+        (false, 1),
+        "a write that may have landed stays on record"
+    );
+}
+
+#[test]
 fn own_writes_seen_through_the_watch_are_recognised() {
     let (mut tracker, mut store) = (Tracker::new(), SliceStore::default());
     let created = write_slices(&mut tracker, &mut store, &["10.0.0.1"]);
