@@ -29,7 +29,8 @@ use crate::{
 
 /// An open watch, from its first event on: the changes it selects as its cache reaches them, a
 /// bookmark every bookmark interval and two seconds before the timeout (when it asked for
-/// bookmarks), and its end at the timeout or when the server closes it.
+/// bookmarks, and its cache has reached its start), and its end at the timeout or when the
+/// server closes it.
 pub struct WatchStream {
     pub inner: Arc<Inner>,
     /// The instance serving it.
@@ -50,9 +51,24 @@ pub struct WatchStream {
     pub next_bookmark: Option<Instant>,
     /// Whether the bookmark before the timeout is still to come.
     pub closing_bookmark: bool,
+    /// Until when a streaming list whose start its cache has not reached waits for the cache (as
+    /// kube-apiserver's cacher does, three seconds), before it answers "Too large resource
+    /// version" and ends; `None` once the cache has reached it (or for a plain watch, which
+    /// waits without an end: it sends nothing, bookmarks included, below its start).
+    pub fresh_by: Option<Instant>,
+    /// What the stream sends first once its cache has reached its start (a streaming list's
+    /// state and its closing bookmark), held while it waits.
+    pub held: Vec<Bytes>,
+    /// The stream has sent its last line.
+    pub ended: bool,
 }
 
+/// How long a watch from a version its cache has not reached waits for it (kube-apiserver's
+/// `waitUntilFreshAndBlock`).
+pub const FRESH_WAIT: Duration = Duration::from_secs(3);
+
 /// What a step of a watch stream does next.
+#[derive(Debug)]
 enum Next {
     Send(Bytes),
     End,
@@ -71,8 +87,12 @@ impl WatchStream {
         Some(closing.map_or(periodic, |closing| closing.min(periodic)))
     }
 
-    /// The stream of lines: first `first`, then what the cache brings.
-    pub fn run(self, first: Vec<Bytes>) -> futures::stream::BoxStream<'static, Bytes> {
+    /// The stream of lines: first `first` (once the cache has reached the stream's start),
+    /// then what the cache brings.
+    pub fn run(mut self, mut first: Vec<Bytes>) -> futures::stream::BoxStream<'static, Bytes> {
+        if self.fresh_by.is_some() {
+            self.held = std::mem::take(&mut first);
+        }
         let first = futures::stream::iter(first);
         let rest = futures::stream::unfold(self, |mut stream| async move {
             loop {
@@ -90,6 +110,9 @@ impl WatchStream {
         if let Some(line) = self.pending.pop_front() {
             return Next::Send(line);
         }
+        if self.ended {
+            return Next::End;
+        }
         // Marked seen before looking, so a change after the look wakes the wait below.
         self.revisions.borrow_and_update();
         self.closures.borrow_and_update();
@@ -98,6 +121,32 @@ impl WatchStream {
         }
         let storage = self.selection.resource.storage();
         let (version, next_due) = self.inner.cache_version(self.instance, storage);
+        if let Some(by) = self.fresh_by {
+            if version >= self.position {
+                self.fresh_by = None;
+                self.pending.extend(self.held.drain(..));
+                return Next::Look;
+            } else {
+                if Instant::now() >= by {
+                    // One ERROR, then the end (`pending` is sent before the end is looked at).
+                    self.fresh_by = None;
+                    self.deadline = Instant::now();
+                    self.closing_bookmark = false;
+                    self.next_bookmark = None;
+                    self.ended = true;
+                    return Next::Send(too_large(self.position, version));
+                }
+                let lag_over =
+                    next_due.map(|committed| committed + self.inner.lag(self.instance, storage));
+                return tokio::select! {
+                    biased;
+                    _ = self.revisions.changed() => Next::Look,
+                    _ = self.closures.changed() => Next::Look,
+                    () = tokio::time::sleep_until(lag_over.unwrap_or(by)), if lag_over.is_some() => Next::Look,
+                    () = tokio::time::sleep_until(by) => Next::Look,
+                };
+            }
+        }
         if version > self.position {
             let changes = self.inner.store.lock().fed(storage, self.position, version);
             let Some(changes) = changes else {
@@ -129,10 +178,40 @@ impl WatchStream {
                 if let Some(next) = self.next_bookmark.filter(|next| *next <= now) {
                     self.next_bookmark = Some(next + self.inner.config.bookmark_interval);
                 }
+                // Never below the stream's start (kube-apiserver's watcher sends only what is
+                // newer than what it has sent): a client resumes from the last version it read.
+                if version < self.position {
+                    return Next::Look;
+                }
                 Next::Send(bookmark(self.selection.resource, version, false))
             }
         }
     }
+}
+
+/// The error that ends a watch whose cache did not reach `from` in [`FRESH_WAIT`] (an ERROR
+/// event, as kube-apiserver's cacher sends it: 504, reason Timeout, cause
+/// ResourceVersionTooLarge).
+fn too_large(from: u64, current: u64) -> Bytes {
+    line(
+        "ERROR",
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("Too large resource version: {from}, current: {current}"),
+            "reason": "Timeout",
+            "details": {
+                "causes": [{
+                    "reason": "ResourceVersionTooLarge",
+                    "message": "Too large resource version",
+                }],
+                "retryAfterSeconds": 1,
+            },
+            "code": 504,
+        }),
+    )
 }
 
 /// A bookmark line at `revision`.

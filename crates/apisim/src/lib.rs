@@ -27,7 +27,9 @@
 //! **Watch caches.** Each instance ([`Instance`]) keeps one cache per resource, shared by all its
 //! clients, each `lag` behind the store (seeded with [`Instance::seeded`], or set). Watches,
 //! `resourceVersion=0` reads and `NotOlderThan` reads are served from the cache; consistent
-//! reads from the store. Bookmarks carry the cache's version. The fencing policy (the admission
+//! reads from the store. Bookmarks carry the cache's version, never below the watch's start (a
+//! watch resumed on a lagging instance hears nothing until its cache passes the start; a
+//! streaming list waits three seconds for it, then fails with 504). The fencing policy (the admission
 //! hook, [`ApiServer::admit`]) reads the Lease through [`WriteRequest::cache`], as lagging as the
 //! serving instance's cache. With the default config (one instance, no lag) every read is
 //! current, as before the caches.

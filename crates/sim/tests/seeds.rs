@@ -76,16 +76,19 @@ type Pins = &'static [(Known, u64)];
 /// sent three in turn, so its writes land sooner after the acquisition and more of them fall in
 /// the RenewDeadline after an outside change of the Lease, or in flight across a change (seed
 /// 1320 as deployed: a write held 14.4 s by a pause landed 19 ms after replica-2 acquired, past
-/// the fencing policy's Lease cache, a moment late).
+/// the fencing policy's Lease cache, a moment late). Moved again (95, 61, 3 and 13, 347, 88)
+/// when the in-memory API server stopped sending a watch on a lagging instance bookmarks below
+/// its start, and made a streaming list wait for its cache (three seconds, then 504), as
+/// kube-apiserver does (seed 16478): the watches of a lagging kind progress later, and terms
+/// start and write at other moments.
 const EXCUSED_AS_DEPLOYED: Pins = &[
-    (Known::MissingLeaseAtStart, 95),
-    (Known::ForcedLeaseChange, 61),
-    (Known::InFlightAcrossChange, 3),
+    (Known::MissingLeaseAtStart, 98),
+    (Known::ForcedLeaseChange, 71),
 ];
 const EXCUSED_ALONE: Pins = &[
-    (Known::MissingLeaseAtStart, 13),
-    (Known::ForcedLeaseChange, 347),
-    (Known::InFlightAcrossChange, 88),
+    (Known::MissingLeaseAtStart, 21),
+    (Known::ForcedLeaseChange, 312),
+    (Known::InFlightAcrossChange, 91),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.
@@ -228,10 +231,12 @@ fn the_long_sweeps_fixed_seeds_keep_every_check() {
 /// The same for the seeds the sweeps with the API server's own faults found (open-findings.txt
 /// says what each was): 6610 (check (c)'s bound counted time a stalled leader could not know),
 /// 13843 (the probing barrier took a lagging cache's bookmark for proof), 29133 (convergence
-/// declared while a server cache still lagged), 56762 (apisim answered a refused delete 200).
+/// declared while a server cache still lagged), 56762 (apisim answered a refused delete 200),
+/// 16478 (apisim sent a watch resumed on a lagging instance a bookmark below its start; the
+/// leader's next stream resumed from there and its workload cache went back 30 revisions).
 #[test]
 fn the_server_fault_sweeps_fixed_seeds_keep_every_check() {
-    keep_every_check(&[6610, 13843, 29133, 56762], &Options::default());
+    keep_every_check(&[6610, 13843, 16478, 29133, 56762], &Options::default());
 }
 
 fn keep_every_check(seeds: &[u64], options: &Options) {

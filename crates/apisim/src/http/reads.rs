@@ -250,6 +250,12 @@ impl Call<'_> {
             }
             from
         };
+        // A streaming list whose start its instance's cache has not reached waits for the cache,
+        // then fails, as kube-apiserver's does; a plain watch from such a version sends nothing
+        // until the cache passes it ([`WatchStream`]).
+        let (cached, _) = self.inner.cache_version(self.instance, storage);
+        let fresh_by = (initial_events && position > cached)
+            .then(|| Instant::now() + crate::cache::FRESH_WAIT);
         let stream = WatchStream {
             inner: self.inner.clone(),
             instance: self.instance,
@@ -265,6 +271,9 @@ impl Call<'_> {
             deadline: Instant::now() + timeout,
             next_bookmark: bookmarks.then(|| Instant::now() + self.inner.config.bookmark_interval),
             closing_bookmark: bookmarks,
+            fresh_by,
+            held: Vec::new(),
+            ended: false,
         };
         Ok(watch_response(stream_body(stream.run(first))))
     }

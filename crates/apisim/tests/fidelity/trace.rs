@@ -1,7 +1,8 @@
 //! The differential trace: a seeded sequence of requests over every kind the controller touches
 //! (creates, reads, paged and selected lists, updates current and stale, no-op updates, the three
 //! patch types, `/status`, preconditioned deletes, finalizers, invalid bodies), one watch per kind
-//! and version open throughout, a `410 Gone` after a compaction, and a watch's bookmark. What each
+//! and version open throughout, a `410 Gone` after a compaction, a watch's bookmark, and a watch
+//! from a version the server has not reached. What each
 //! request was answered is recorded raw; [`crate::normalise`] makes the two servers' records
 //! comparable.
 //!
@@ -123,6 +124,7 @@ pub async fn run(
     }
     run.bookmark().await;
     run.probe().await;
+    run.ahead().await;
     // A sentinel per storage: once its ADDED arrives, every earlier event of that kind has.
     for kind in [
         Kind::Lease,

@@ -1,6 +1,7 @@
 //! What the trace asks of the history once: a paged list continued and a watch started from
-//! before a compaction (`410 Gone`), a bookmark's version before a watch's timeout, and the
-//! acquisition barrier's probe (a bookmark not older than a consistent list read before it).
+//! before a compaction (`410 Gone`), a bookmark's version before a watch's timeout, the
+//! acquisition barrier's probe (a bookmark not older than a consistent list read before it), and
+//! a watch from a version the server has not reached.
 
 use super::*;
 
@@ -131,6 +132,60 @@ impl Run<'_> {
         };
         self.steps
             .push(("probe: a bookmark after a consistent list".into(), observed));
+    }
+
+    /// A watch of Leases from a version the server has not reached (far past the newest write),
+    /// with bookmarks, plain and as a streaming list. kube-apiserver sends a plain watch nothing
+    /// below its start, no bookmark either (a client resumes from what a stream sent, so one
+    /// below its start would take it back: simulation seed 16478, where a lagging cache's
+    /// bookmark did); a streaming list waits for its watch cache to reach the version, then
+    /// fails.
+    pub(super) async fn ahead(&mut self) {
+        let from = self.newest + 1_000;
+        for (label, query) in [
+            (
+                "a watch from a version the cache has not reached",
+                format!("allowWatchBookmarks=true&resourceVersion={from}&timeoutSeconds=4"),
+            ),
+            (
+                "a streaming list from a version the cache has not reached",
+                format!(
+                    "allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion={from}&timeoutSeconds=10"
+                ),
+            ),
+        ] {
+            let request = self.watch_request(Kind::Lease, &query);
+            let observed = match self.client.request_events::<Value>(request).await {
+                Err(kube::Error::Api(status)) => Observed::Error {
+                    code: status.code,
+                    reason: status.reason,
+                },
+                Err(error) => panic!("{label}: {error}"),
+                Ok(stream) => {
+                    let mut stream = std::pin::pin!(stream);
+                    let mut events = Vec::new();
+                    while let Ok(Some(event)) = stream.try_next().await {
+                        events.push(match event {
+                            WatchEvent::Error(status) => (
+                                "ERROR".to_string(),
+                                json!({"code": status.code, "reason": status.reason}),
+                            ),
+                            WatchEvent::Bookmark(bookmark) => (
+                                "BOOKMARK".to_string(),
+                                json!({"below the start": bookmark
+                                    .metadata
+                                    .resource_version
+                                    .parse::<u64>()
+                                    .is_ok_and(|version| version < from)}),
+                            ),
+                            other => ("OTHER".to_string(), json!(format!("{other:?}"))),
+                        });
+                    }
+                    Observed::Events(events)
+                }
+            };
+            self.steps.push((label.into(), observed));
+        }
     }
 
     /// A watch of Leases from `from`, with bookmarks and a timeout of `timeout` seconds: whether
