@@ -85,6 +85,9 @@ struct LinkState {
     armed: Option<Armed>,
     /// Writes handed to the link that the API has neither applied nor refused yet.
     writes_in_flight: usize,
+    /// Requests other than watches handed to the link whose answer has not reached the replica
+    /// yet (held by a fault on the way there or back).
+    exchanges_in_flight: usize,
     rng: Option<Rng>,
     /// Watch streams still open (not dropped by the replica), with their resource, and the
     /// last stream opened of each resource.
@@ -261,6 +264,12 @@ impl Link {
     /// Writes handed to the link that the API has not answered yet (held, delayed).
     pub fn writes_in_flight(&self) -> usize {
         self.state.lock().writes_in_flight
+    }
+
+    /// Requests (watches aside) handed to the link whose answer the replica has not received:
+    /// a read whose answer a slow link still holds can still make the replica write.
+    pub fn exchanges_in_flight(&self) -> usize {
+        self.state.lock().exchanges_in_flight
     }
 
     /// Whether the replica's requests reach the API server now (no cut, no pause).

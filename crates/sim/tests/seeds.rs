@@ -233,10 +233,15 @@ fn the_long_sweeps_fixed_seeds_keep_every_check() {
 /// 13843 (the probing barrier took a lagging cache's bookmark for proof), 29133 (convergence
 /// declared while a server cache still lagged), 56762 (apisim answered a refused delete 200),
 /// 16478 (apisim sent a watch resumed on a lagging instance a bookmark below its start; the
-/// leader's next stream resumed from there and its workload cache went back 30 revisions).
+/// leader's next stream resumed from there and its workload cache went back 30 revisions),
+/// 15573 (convergence declared while a slow link still held a read's answer, whose pass wrote
+/// after it).
 #[test]
 fn the_server_fault_sweeps_fixed_seeds_keep_every_check() {
-    keep_every_check(&[6610, 13843, 16478, 29133, 56762], &Options::default());
+    keep_every_check(
+        &[6610, 13843, 15573, 16478, 29133, 56762],
+        &Options::default(),
+    );
 }
 
 fn keep_every_check(seeds: &[u64], options: &Options) {

@@ -70,6 +70,7 @@ where
             .then(|| checks.sending(link.replica, incarnation, guarded_slice(&request)));
         let write = request.method() != Method::GET;
         let exchange = async move {
+            let answering = (kind != Kind::Watch).then(|| Exchange::new(&link));
             let on_the_wire = write.then(|| InFlight::new(&link));
             let armed = (kind == Kind::SliceWrite)
                 .then(|| link.state.lock().armed.take())
@@ -118,7 +119,8 @@ where
                 let crash = std::mem::take(&mut link.state.lock().crash_after_write);
                 if crash {
                     let _ = link.exits.send((link.replica, AtWrite::Crash));
-                    // The process is gone: nobody reads this answer.
+                    // The process is gone: nobody reads this answer, nor waits for it.
+                    drop(answering);
                     return std::future::pending().await;
                 }
                 let lost = {
@@ -145,6 +147,7 @@ where
                 tokio::time::sleep(slow).await;
             }
             let stream = resource.map(|resource| (link.open_stream(&resource), resource));
+            drop(answering);
             Ok(response.map(|body| FaultBody::new(body, link, stream)))
         };
         if !write {
@@ -176,6 +179,25 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.state.lock().writes_in_flight -= 1;
+    }
+}
+
+/// A request (not a watch) whose answer has not reached the replica: counted from when the link
+/// takes it until its answer is handed back (after any delay a fault puts on it).
+struct Exchange(Arc<Link>);
+
+// === impl Exchange ===
+
+impl Exchange {
+    fn new(link: &Arc<Link>) -> Self {
+        link.state.lock().exchanges_in_flight += 1;
+        Self(link.clone())
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        self.0.state.lock().exchanges_in_flight -= 1;
     }
 }
 

@@ -79,7 +79,10 @@ impl World {
         loop {
             // Converged: the slices keep the rules, and nothing the faults left behind can still
             // make a replica write, so what follows is rest:
-            // - no write is still on its way to the API (one held by a fault may land now);
+            // - no request or answer is still on its way (a write held by a fault may land now;
+            //   a read whose answer a fault held can still make its pass write: seed 15573, a
+            //   clause-3 read answered 2.35 s late by a slow link, and the addition it confirmed
+            //   landed after convergence);
             // - every replica sees the present: no watch stream still silently stalled (the
             //   replica replaces it within the stall bound) and no frame a lag still holds
             //   (seeds 16867, 31831: a replica caught up after convergence and wrote);
@@ -88,7 +91,7 @@ impl World {
             let on_the_wire = self
                 .replicas
                 .iter()
-                .any(|replica| replica.link.writes_in_flight() > 0);
+                .any(|replica| replica.link.exchanges_in_flight() > 0);
             // The API server's own watch caches too: an instance lagging behind the store still
             // holds changes made before the heal from every watch it serves (seed 29133: a
             // readiness flap 1.3 s before the heal reached the leader 1.6 s late, after the
@@ -125,7 +128,7 @@ impl World {
             if Instant::now() - healed_at >= CONVERGENCE_BOUND {
                 let mut pending = pending;
                 if on_the_wire {
-                    pending.push("a write still on its way".to_string());
+                    pending.push("a request or its answer still on its way".to_string());
                 }
                 if behind {
                     pending.push(
