@@ -63,8 +63,8 @@ pub struct WatchStream {
     pub ended: bool,
 }
 
-/// How long a watch from a version its cache has not reached waits for it (kube-apiserver's
-/// `waitUntilFreshAndBlock`).
+/// How long a streaming list whose start its cache has not reached waits for it before it fails
+/// (kube-apiserver's `waitUntilFreshAndBlock`).
 pub const FRESH_WAIT: Duration = Duration::from_secs(3);
 
 /// What a step of a watch stream does next.
@@ -189,7 +189,7 @@ impl WatchStream {
     }
 }
 
-/// The error that ends a watch whose cache did not reach `from` in [`FRESH_WAIT`] (an ERROR
+/// The error that ends a streaming list whose cache did not reach `from` in [`FRESH_WAIT`] (an ERROR
 /// event, as kube-apiserver's cacher sends it: 504, reason Timeout, cause
 /// ResourceVersionTooLarge).
 fn too_large(from: u64, current: u64) -> Bytes {
