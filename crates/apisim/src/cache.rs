@@ -126,26 +126,21 @@ impl WatchStream {
                 self.fresh_by = None;
                 self.pending.extend(self.held.drain(..));
                 return Next::Look;
-            } else {
-                if Instant::now() >= by {
-                    // One ERROR, then the end (`pending` is sent before the end is looked at).
-                    self.fresh_by = None;
-                    self.deadline = Instant::now();
-                    self.closing_bookmark = false;
-                    self.next_bookmark = None;
-                    self.ended = true;
-                    return Next::Send(too_large(self.position, version));
-                }
-                let lag_over =
-                    next_due.map(|committed| committed + self.inner.lag(self.instance, storage));
-                return tokio::select! {
-                    biased;
-                    _ = self.revisions.changed() => Next::Look,
-                    _ = self.closures.changed() => Next::Look,
-                    () = tokio::time::sleep_until(lag_over.unwrap_or(by)), if lag_over.is_some() => Next::Look,
-                    () = tokio::time::sleep_until(by) => Next::Look,
-                };
             }
+            if Instant::now() >= by {
+                // One ERROR, then the end.
+                self.ended = true;
+                return Next::Send(too_large(self.position, version));
+            }
+            let lag_over =
+                next_due.map(|committed| committed + self.inner.lag(self.instance, storage));
+            return tokio::select! {
+                biased;
+                _ = self.revisions.changed() => Next::Look,
+                _ = self.closures.changed() => Next::Look,
+                () = tokio::time::sleep_until(lag_over.unwrap_or(by)), if lag_over.is_some() => Next::Look,
+                () = tokio::time::sleep_until(by) => Next::Look,
+            };
         }
         if version > self.position {
             let changes = self.inner.store.lock().fed(storage, self.position, version);

@@ -13,7 +13,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 
-use super::{Armed, AtWrite, BoxError, FaultBody, Link};
+use super::{Armed, AtWrite, BoxError, FaultBody, Link, LinkState};
 use crate::checks::Checks;
 
 /// The tower service of one replica's link (see the module docs).
@@ -70,8 +70,8 @@ where
             .then(|| checks.sending(link.replica, incarnation, guarded_slice(&request)));
         let write = request.method() != Method::GET;
         let exchange = async move {
-            let answering = (kind != Kind::Watch).then(|| Exchange::new(&link));
-            let on_the_wire = write.then(|| InFlight::new(&link));
+            let answering = (kind != Kind::Watch).then(|| Counted::exchanges(&link));
+            let on_the_wire = write.then(|| Counted::writes(&link));
             let armed = (kind == Kind::SliceWrite)
                 .then(|| link.state.lock().armed.take())
                 .flatten();
@@ -164,40 +164,37 @@ where
     }
 }
 
-/// A write on the wire: counted from when the link takes it until the API answers it.
-struct InFlight(Arc<Link>);
+/// One of the link's in-flight counts, held while a request is in its span: a write on the wire
+/// (from when the link takes it until the API answers it), or any request but a watch until its
+/// answer reaches the replica (after any delay a fault puts on it).
+struct Counted {
+    link: Arc<Link>,
+    count: fn(&mut LinkState) -> &mut usize,
+}
 
-// === impl InFlight ===
+// === impl Counted ===
 
-impl InFlight {
-    fn new(link: &Arc<Link>) -> Self {
-        link.state.lock().writes_in_flight += 1;
-        Self(link.clone())
+impl Counted {
+    fn writes(link: &Arc<Link>) -> Self {
+        Self::new(link, |state| &mut state.writes_in_flight)
+    }
+
+    fn exchanges(link: &Arc<Link>) -> Self {
+        Self::new(link, |state| &mut state.exchanges_in_flight)
+    }
+
+    fn new(link: &Arc<Link>, count: fn(&mut LinkState) -> &mut usize) -> Self {
+        *count(&mut link.state.lock()) += 1;
+        Self {
+            link: link.clone(),
+            count,
+        }
     }
 }
 
-impl Drop for InFlight {
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.state.lock().writes_in_flight -= 1;
-    }
-}
-
-/// A request (not a watch) whose answer has not reached the replica: counted from when the link
-/// takes it until its answer is handed back (after any delay a fault puts on it).
-struct Exchange(Arc<Link>);
-
-// === impl Exchange ===
-
-impl Exchange {
-    fn new(link: &Arc<Link>) -> Self {
-        link.state.lock().exchanges_in_flight += 1;
-        Self(link.clone())
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        self.0.state.lock().exchanges_in_flight -= 1;
+        *(self.count)(&mut self.link.state.lock()) -= 1;
     }
 }
 
