@@ -42,7 +42,8 @@ pub(crate) struct GroupKey {
 /// Everything the Service's slices should hold, plus what had to be left out.
 ///
 /// Endpoints are kept as [`Wanted`] views borrowing from the workloads: a no-op pass compares
-/// them with the cached endpoints and allocates nothing per endpoint (docs/benchmarks.md).
+/// them with the cached endpoints and allocates nothing per endpoint (docs/benchmarks-journal.md,
+/// 2026-12-02, "what made it fast").
 #[derive(Debug)]
 pub(crate) struct Desired<'a> {
     pub(crate) families: Families,
@@ -151,7 +152,8 @@ pub(crate) fn desired<'a>(
 
     // Sorted by name so output and diagnostics never depend on input order. The sort compares
     // a 16-byte prefix as an integer first: names rarely share one, and a thousand string
-    // compares through memcmp were most of a no-op pass (docs/benchmarks.md).
+    // compares through memcmp were most of a no-op pass (docs/benchmarks-journal.md, 2026-12-02,
+    // "what made it fast").
     let mut selected: Vec<(u128, &str, &CachedWorkload)> = workloads
         .iter()
         .copied()

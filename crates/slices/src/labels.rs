@@ -93,7 +93,7 @@ pub(crate) fn is_managed(slice: &CachedSlice, config: &Config) -> bool {
 }
 
 /// Whether `actual` is exactly [`slice_labels`], checked without building it (no-op passes
-/// compare every slice's labels; see docs/benchmarks.md).
+/// compare every slice's labels; see docs/benchmarks-journal.md, 2026-12-02, "what made it fast").
 pub(crate) fn labels_match(actual: &Labels, service: &CachedService, config: &Config) -> bool {
     let mut expected = 2 + usize::from(service.headless);
     for (key, value) in service.labels.iter() {
