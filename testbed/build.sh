@@ -69,21 +69,8 @@ if all_present; then # another run finished them while we waited for the lock
 fi
 start=$(date +%s)
 
-# Binaries are written to a temporary name then renamed, so an interrupted build never
-# leaves a truncated binary that a later run would take for a finished one.
-go_build() { # <module dir> <package> <output name> <ldflags>
-  local dir=$1 pkg=$2 name=$3 ldflags=$4
-  if [[ -x "$out/$name" ]]; then log "$name present"; return; fi
-  log "building $name ($pkg) ..."
-  local t0; t0=$(date +%s)
-  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/.$name.tmp" "$pkg")
-  mv -f "$out/.$name.tmp" "$out/$name"
-  log "built $name in $(( $(date +%s) - t0 ))s"
-}
-
-module_field() { # <module@version> <json field>
-  go mod download -json "$1" | jq -r ".$2 // empty"
-}
+# shellcheck source=go-build.sh
+. "$here/go-build.sh"
 
 # ---------------------------------------------------------------- etcd
 build_etcd() {
@@ -114,7 +101,7 @@ EOM
   fi
   local sha
   sha=$(module_field "go.etcd.io/etcd/server/v3@$ETCD_VERSION" Origin.Hash)
-  go_build "$dir" go.etcd.io/etcd/server/v3 etcd \
+  go_build "$dir" go.etcd.io/etcd/server/v3 "$out/etcd" \
     "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${sha:0:12}"
 }
 
@@ -190,22 +177,12 @@ import (
 EOM
     (cd "$dir" && go mod tidy)
   fi
-  local commit minor
-  # The proxy may not record the commit (then /version shows an empty gitCommit).
-  commit=$(module_field "k8s.io/kubernetes@$K8S_VERSION" Origin.Hash)
-  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-  # The release's publication time, not now: rebuilding gives the same binary.
-  local build_date
-  build_date=$(jq -r '.Time // empty' "$(module_field "k8s.io/kubernetes@$K8S_VERSION" Info)")
-  local ld="-s -w" pkg
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ld+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
-  done
+  local ld
+  ld=$(kubernetes_ldflags)
   local b
   for b in "${wanted[@]}"; do
     [[ "$b" == etcd ]] && continue
-    go_build "$dir" "k8s.io/kubernetes/cmd/$b" "$b" "$ld"
+    go_build "$dir" "k8s.io/kubernetes/cmd/$b" "$out/$b" "$ld"
   done
 }
 

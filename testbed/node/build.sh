@@ -48,17 +48,9 @@ flock 9
 if all_present; then echo "$out"; exit 0; fi
 start=$(date +%s)
 
-go_build() { # <module dir> <package> <output path> <ldflags> [tags]
-  local dir=$1 pkg=$2 dest=$3 ldflags=$4 tags=${5:-}
-  if [[ -x "$dest" ]]; then log "$(basename "$dest") present"; return; fi
-  log "building $(basename "$dest") ($pkg) ..."
-  local t0; t0=$(date +%s)
-  (cd "$dir" && nice -n 19 go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" \
-    -o "$dest.tmp" "$pkg")
-  mv -f "$dest.tmp" "$dest"
-  log "built $(basename "$dest") in $(( $(date +%s) - t0 ))s"
-}
-module_field() { go mod download -json "$1" | jq -r ".$2 // empty"; }
+# shellcheck source=../go-build.sh
+. "$here/../go-build.sh"
+GO_BUILD_NICE=1
 
 # ---------------------------------------------------------------- kubernetes
 build_kubernetes() {
@@ -85,14 +77,8 @@ import (
 EOM
     (cd "$dir" && nice -n 19 go mod tidy)
   fi
-  local commit minor build_date ld="-s -w" pkg
-  commit=$(module_field "k8s.io/kubernetes@$K8S_VERSION" Origin.Hash)
-  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-  build_date=$(jq -r '.Time // empty' "$(module_field "k8s.io/kubernetes@$K8S_VERSION" Info)")
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ld+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
-  done
+  local ld
+  ld=$(kubernetes_ldflags)
   local b
   for b in "${k8s_bins[@]}"; do go_build "$dir" "k8s.io/kubernetes/cmd/$b" "$out/$b" "$ld"; done
 }
