@@ -171,4 +171,6 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]
+mod read_tests;
+#[cfg(test)]
 mod tests;

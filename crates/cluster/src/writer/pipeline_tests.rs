@@ -104,3 +104,22 @@ async fn a_write_sent_again_after_a_429_goes_through_the_fence() {
         "nothing sent after the term ended"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_write_throttled_until_the_call_timeout_gives_up_with_the_429() {
+    let timeout = DEFAULT_RETRY_AFTER * 3;
+    let api = TestApi::new()
+        .with_call_timeout(timeout)
+        .failing(&[("create web-", 429)]);
+    let pass = Pass::new();
+    let started = Instant::now();
+    let error = pass
+        .write(&api, &plan(&["web-"], Vec::new(), Vec::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, WriteError::Api { .. }), "{error:?}");
+    // Tries at 0, 1 and 2 s; the one answered at 3 s, the call timeout, is the last.
+    assert_eq!(api.calls(), ["create web-"; 4]);
+    assert_eq!(started.elapsed(), timeout);
+    assert!(api.slices(NAMESPACE).is_empty());
+}

@@ -55,3 +55,72 @@ impl WriteRate {
         wait
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits of `count` writes asked for one after the other.
+    async fn waits(rate: &WriteRate, count: usize) -> Vec<Duration> {
+        let mut waits = Vec::new();
+        for _ in 0..count {
+            waits.push(rate.acquire().await);
+        }
+        waits
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_one_seconds_writes_then_one_write_every_one_over_qps() {
+        let rate = WriteRate::new(4);
+        let started = Instant::now();
+        let quarter = Duration::from_millis(250);
+        assert_eq!(
+            waits(&rate, 8).await,
+            [Duration::ZERO; 4]
+                .into_iter()
+                .chain([quarter; 4])
+                .collect::<Vec<_>>(),
+            "four at once (the bucket holds a second of writes), then one every 250 ms"
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_bucket_refills_up_to_one_seconds_writes_and_no_more() {
+        let rate = WriteRate::new(2);
+        waits(&rate, 2).await;
+        // Half a second of rest earns one write.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            waits(&rate, 2).await,
+            [Duration::ZERO, Duration::from_millis(500)]
+        );
+        // Ten seconds of rest earn a second's worth (two), not twenty.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            waits(&rate, 3).await,
+            [Duration::ZERO, Duration::ZERO, Duration::from_millis(500)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writers_in_debt_wait_in_turn() {
+        let rate = WriteRate::new(2);
+        waits(&rate, 2).await;
+        // Three writers at once, the bucket empty: each waits behind the one before.
+        let (a, b, c) = tokio::join!(rate.acquire(), rate.acquire(), rate.acquire());
+        let mut waited = [a, b, c];
+        waited.sort();
+        assert_eq!(
+            waited,
+            [500, 1000, 1500].map(Duration::from_millis),
+            "a steady two a second"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_is_no_limit() {
+        let rate = WriteRate::unlimited();
+        assert_eq!(waits(&rate, 1000).await, vec![Duration::ZERO; 1000]);
+    }
+}
