@@ -57,8 +57,8 @@ async fn the_read_back_lists_the_services_slices_that_we_manage_and_the_version_
 
     let (listed, version) = api.writes.list_slices(&web(), OURS).await.unwrap();
 
-    let names: Vec<_> = listed.iter().map(|s| s.metadata.name.clone()).collect();
-    assert_eq!(names, [ours.metadata.name.clone()], "{listed:?}");
+    let names: Vec<_> = listed.iter().map(|s| s.metadata.name.as_deref()).collect();
+    assert_eq!(names, [ours.metadata.name.as_deref()], "{listed:?}");
     let stored_at: u64 = ours.metadata.resource_version.unwrap().parse().unwrap();
     assert!(
         version > stored_at,
