@@ -21,6 +21,7 @@
 //! ```sh
 //! cargo bench -p external-endpoints --bench proofs     # about 1 minute (+ a release build)
 //! # knobs: PROOFS_SERVICES=1000 PROOFS_ROUNDS=12 (10000 Services: about 3 minutes at 8 rounds)
+//! # PROOFS_TRACE=1 prints every event each probe reads, with its time and resourceVersion
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is the failure report
 
@@ -215,14 +216,29 @@ async fn probe(api: &Api<ExternalWorkload>, reach: u64, seconds: u32) -> bool {
         .expect("a watch")
         .boxed();
     let deadline = Duration::from_secs(u64::from(seconds) + 5);
+    let opened = Instant::now();
+    let trace = |what: String| {
+        if std::env::var_os("PROOFS_TRACE").is_some() {
+            let at = opened.elapsed().as_secs_f64();
+            eprintln!("  probe({seconds}s) reach {reach}: {at:.3} s {what}");
+        }
+    };
     let wait = async {
         while let Some(event) = events.try_next().await.expect("a watch event") {
+            trace(match &event {
+                WatchEvent::Bookmark(b) => format!("bookmark {}", b.metadata.resource_version),
+                WatchEvent::Error(e) => format!("error {e:?}"),
+                WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                    format!("object {:?}", o.metadata.resource_version)
+                }
+            });
             if let WatchEvent::Bookmark(bookmark) = event
                 && version(Some(&bookmark.metadata.resource_version)) >= reach
             {
                 return true;
             }
         }
+        trace("stream ended".to_owned());
         false
     };
     tokio::time::timeout(deadline, wait)
