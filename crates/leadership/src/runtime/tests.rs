@@ -36,6 +36,19 @@ fn elector(store: &MemoryLeaseStore, identity: &str) -> ElectorHandle {
     LeaseElector::new(lease_config(identity), store.connect()).spawn()
 }
 
+/// How long a test waits for a change of leadership that must come. Generous, because paused
+/// time makes it cost nothing; a bound at all, because a wait that never ends would otherwise
+/// hang the tests in real time (the electors' timers keep paused time advancing) instead of
+/// failing them.
+const LEADERSHIP_WAIT: Duration = Duration::from_secs(30);
+
+/// `wait`, failing the test with `what` if it has not ended within [`LEADERSHIP_WAIT`].
+async fn within_bound<T>(what: &str, wait: impl Future<Output = T>) -> T {
+    timeout(LEADERSHIP_WAIT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {LEADERSHIP_WAIT:?}"))
+}
+
 /// Marks the types the closures of [`Closures`] produce and take (no values held).
 type Types<T> = std::marker::PhantomData<fn() -> T>;
 

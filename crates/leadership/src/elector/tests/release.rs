@@ -1,5 +1,5 @@
 //! Releasing: a leader's release hands the Lease over at once to a follower watching it; a
-//! follower's release writes nothing.
+//! follower's release makes no request.
 
 use super::*;
 
@@ -36,13 +36,18 @@ async fn release_lets_a_watching_follower_take_over_immediately() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn follower_release_writes_nothing() {
+async fn follower_release_makes_no_request() {
     let store = MemoryLeaseStore::new();
     let _a = leading_candidate(&store.connect(), "a").await;
-    let b = candidate(&store.connect(), "b");
+    let b_conn = store.connect();
+    let b = candidate(&b_conn, "b");
     sleep(Duration::from_millis(700)).await;
     let writes = store.writes().len();
+    let calls = b_conn.calls();
     b.release().await.expect("stopped");
     assert_eq!(store.writes().len(), writes);
+    // Not named by the record it last read, a follower has nothing to release: it stops
+    // without reading the Lease again (the release's read is for a holder).
+    assert_eq!(b_conn.calls(), calls);
     assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
 }

@@ -89,7 +89,9 @@ async fn a_panicking_reconcile_releases_the_lease_so_a_standby_takes_over_at_onc
     let store = MemoryLeaseStore::new();
     let leader = elector(&store, "a");
     let mut leading = leader.leadership();
-    leading.wait_for(Option::is_some).await.expect("a leads");
+    within_bound("a leads", leading.wait_for(Option::is_some))
+        .await
+        .expect("a leads");
     let standby = elector(&store, "b");
     sleep(Duration::from_millis(700)).await; // b has polled and watches the Lease
     let other_key_done = Arc::new(AtomicU64::new(0));

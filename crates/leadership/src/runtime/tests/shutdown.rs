@@ -100,7 +100,9 @@ async fn a_follower_shuts_down_at_once_and_writes_nothing() {
     let store = MemoryLeaseStore::new();
     let leader = elector(&store, "b");
     let mut leading = leader.leadership();
-    leading.wait_for(Option::is_some).await.expect("b leads");
+    within_bound("b leads", leading.wait_for(Option::is_some))
+        .await
+        .expect("b leads");
     let writes = store.writes().len();
 
     let runtime = Runtime::new(RuntimeConfig::default(), idle_app());

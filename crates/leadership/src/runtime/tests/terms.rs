@@ -47,8 +47,7 @@ fn recording_runtime(work: Duration) -> (Runtime<u32, u64, Fenced>, Arc<Seen>) {
 
 /// The term `leadership` shows, once it shows one.
 async fn first_term(leadership: &mut Leadership) -> Term {
-    leadership
-        .wait_for(Option::is_some)
+    within_bound("a term", leadership.wait_for(Option::is_some))
         .await
         .expect("leadership")
         .clone()
@@ -59,9 +58,7 @@ async fn first_term(leadership: &mut Leadership) -> Term {
 async fn two_handles_leading(store: &MemoryLeaseStore) -> (ElectorHandle, ElectorHandle) {
     let first = elector(store, "a");
     let second = first.share();
-    first
-        .leadership()
-        .wait_for(Option::is_some)
+    within_bound("a leads", first.leadership().wait_for(Option::is_some))
         .await
         .expect("a leads");
     (first, second)
@@ -92,12 +89,14 @@ async fn two_runtimes_under_one_lease_stop_at_a_terms_end_and_start_fresh_at_the
 
     // The next term: both start it with fresh state and replay.
     store.put(Some(with_holder(&store, None)));
-    let term2 = leadership
-        .wait_for(|term| term.as_ref().is_some_and(|term| term != &term1))
-        .await
-        .expect("leadership")
-        .clone()
-        .expect("a leads again");
+    let term2 = within_bound(
+        "a new term",
+        leadership.wait_for(|term| term.as_ref().is_some_and(|term| term != &term1)),
+    )
+    .await
+    .expect("leadership")
+    .clone()
+    .expect("a leads again");
     assert!(eventually(Duration::from_millis(100), both_in(Some(term2.id()))).await);
     for seen in [&slices_seen, &routes_seen] {
         assert!(
@@ -204,7 +203,9 @@ async fn a_preparation_past_the_prepare_timeout_gives_the_term_up_and_competes_a
     let leader = elector(&store, "a");
     let metrics = leader.metrics();
     let mut leading = leader.leadership();
-    leading.wait_for(Option::is_some).await.expect("a leads");
+    within_bound("a leads", leading.wait_for(Option::is_some))
+        .await
+        .expect("a leads");
     let acquired_at = Instant::now();
     let standby = elector(&store, "b");
     let replays = Arc::new(AtomicU64::new(0));
@@ -220,10 +221,12 @@ async fn a_preparation_past_the_prepare_timeout_gives_the_term_up_and_competes_a
 
     // Given up at the prepare timeout: the standby leads at once; `a` keeps running.
     let mut standby_leading = standby.leadership();
-    standby_leading
-        .wait_for(Option::is_some)
-        .await
-        .expect("the standby takes over");
+    within_bound(
+        "the standby takes over",
+        standby_leading.wait_for(Option::is_some),
+    )
+    .await
+    .expect("the standby takes over");
     let given_up_at = Instant::now();
     assert!(given_up_at - acquired_at >= Duration::from_secs(5));
     assert!(given_up_at - acquired_at < Duration::from_secs(5) + Duration::from_millis(100));
@@ -269,13 +272,11 @@ async fn giving_up_a_term_that_is_already_over_does_nothing() {
     let mut leading = leader.leadership();
     let term1 = first_term(&mut leading).await;
     store.put(Some(with_holder(&store, Some("b"))));
-    leading
-        .wait_for(Option::is_none)
+    within_bound("a steps down", leading.wait_for(Option::is_none))
         .await
         .expect("a steps down");
     store.put(Some(with_holder(&store, None)));
-    leading
-        .wait_for(Option::is_some)
+    within_bound("a leads a new term", leading.wait_for(Option::is_some))
         .await
         .expect("a leads a new term");
 
@@ -293,9 +294,7 @@ async fn every_shared_handle_learns_that_the_elector_was_lost() {
     let connection = store.connect();
     let mut first = LeaseElector::new(lease_config("a"), connection.clone()).spawn();
     let mut second = first.share();
-    first
-        .leadership()
-        .wait_for(Option::is_some)
+    within_bound("a leads", first.leadership().wait_for(Option::is_some))
         .await
         .expect("a leads");
     connection.panic_next(); // the next renewal panics the elector task
