@@ -250,6 +250,33 @@ async fn leader_yields_when_a_strictly_older_candidate_is_preferred() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_yield_whose_write_fails_is_tried_again_at_once() {
+    let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
+    let a_conn = leases.connect();
+    let a = coordinated(&a_conn, &candidates, "a");
+    leases.put(Some(elected(Some("a"), None, Timestamp::now())));
+    wait_leading(&a, true).await;
+    candidates.put_other(other_candidate("b", "1.0.0", "1.0.0"));
+
+    // The write that clears the holder fails: a has stopped leading, and looks again at once
+    // rather than at its next RetryPeriod, so the controller can name b promptly.
+    a_conn.fail_next(1);
+    prefer(&leases, "b", OLDEST_EMULATION_VERSION);
+    wait_leading(&a, false).await;
+    timeout(PROMPTLY, async {
+        while spec(&leases)
+            .holder_identity
+            .is_some_and(|holder| !holder.is_empty())
+        {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("holder cleared promptly, by a second write");
+    assert_eq!(spec(&leases).preferred_holder.as_deref(), Some("b"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn leader_keeps_the_lease_when_a_candidate_of_the_same_versions_is_preferred() {
     // Issue 27: candidates of one version created in the same second tie in the controller's
     // order, which it breaks at random in each reconcile; yielding to each swapped the Lease.

@@ -89,6 +89,18 @@ async fn renewals_that_hang_past_their_bound_count_as_renew_failures() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_renewal_that_hangs_until_the_step_down_counts_as_one_renew_failure() {
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    let a = leading_candidate(&a_conn, "a").await;
+    a_conn.hang(true);
+    wait_leading(&a, false, RENEW_DEADLINE + RETRY).await;
+    // Counted when it outlasted RetryPeriod, and not again when the step-down cut it.
+    assert_eq!(a.metrics().renew_failures(), 1);
+    assert_eq!(a.metrics().step_downs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn slow_api_server_within_renew_deadline_does_not_leave_the_cluster_without_a_leader() {
     // Found by the control-plane chaos tests: with every request slow enough that a read and a
     // write together outlast RetryPeriod (yet far within RenewDeadline), every renewal and every
