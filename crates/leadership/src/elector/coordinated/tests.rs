@@ -113,6 +113,21 @@ async fn keeps_leading(a: &ElectorHandle, term: &Term, leases: &MemoryLeaseStore
     );
 }
 
+/// Waits up to [`PROMPTLY`] for the Lease's holder to be cleared (a yield's write); `what`
+/// names the failure.
+async fn holder_cleared_promptly(leases: &MemoryLeaseStore, what: &str) {
+    timeout(PROMPTLY, async {
+        while spec(leases)
+            .holder_identity
+            .is_some_and(|holder| !holder.is_empty())
+        {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
 fn spec(leases: &MemoryLeaseStore) -> LeaseSpec {
     leases
         .current()
@@ -226,16 +241,7 @@ async fn leader_yields_when_a_strictly_older_candidate_is_preferred() {
     assert_eq!(fence.check(), Err(Fenced::TermEnded { term: term.id() }));
 
     // The holder is cleared (so the controller names b at once); fields we do not own stay.
-    timeout(PROMPTLY, async {
-        while spec(&leases)
-            .holder_identity
-            .is_some_and(|holder| !holder.is_empty())
-        {
-            sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .expect("holder cleared promptly");
+    holder_cleared_promptly(&leases, "holder cleared promptly").await;
     let spec = spec(&leases);
     assert_eq!(spec.holder_identity.as_deref(), Some(""));
     assert_eq!(spec.preferred_holder.as_deref(), Some("b"));
@@ -263,16 +269,7 @@ async fn a_yield_whose_write_fails_is_tried_again_at_once() {
     a_conn.fail_next(1);
     prefer(&leases, "b", OLDEST_EMULATION_VERSION);
     wait_leading(&a, false).await;
-    timeout(PROMPTLY, async {
-        while spec(&leases)
-            .holder_identity
-            .is_some_and(|holder| !holder.is_empty())
-        {
-            sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .expect("holder cleared promptly, by a second write");
+    holder_cleared_promptly(&leases, "holder cleared promptly, by a second write").await;
     assert_eq!(spec(&leases).preferred_holder.as_deref(), Some("b"));
 }
 
