@@ -217,8 +217,9 @@ async fn probe(api: &Api<ExternalWorkload>, reach: u64, seconds: u32) -> bool {
         .boxed();
     let deadline = Duration::from_secs(u64::from(seconds) + 5);
     let opened = Instant::now();
+    let tracing = std::env::var_os("PROOFS_TRACE").is_some();
     let trace = |what: String| {
-        if std::env::var_os("PROOFS_TRACE").is_some() {
+        if tracing {
             let at = opened.elapsed().as_secs_f64();
             eprintln!("  probe({seconds}s) reach {reach}: {at:.3} s {what}");
         }
