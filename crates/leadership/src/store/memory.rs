@@ -27,6 +27,9 @@ struct Shared {
     lease: watch::Sender<Option<Lease>>,
     next_version: AtomicU64,
     writes: Mutex<Vec<Lease>>,
+    /// Every state the lease has had, in order (`None` when deleted), pushed while the channel
+    /// is locked for writing: an ordered watch reads its events from here.
+    history: Mutex<Vec<Option<Lease>>>,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +40,7 @@ struct Faults {
     latency_ms: AtomicU64,
     calls: AtomicU64,
     blind: AtomicBool,
+    ordered: AtomicBool,
     /// Bumped by [`MemoryLeaseStore::freeze_watches`]: streams opened before stop yielding.
     watch_epoch: AtomicU64,
     panic_next: AtomicBool,
@@ -59,6 +63,7 @@ impl MemoryLeaseStore {
                 lease: watch::channel(None).0,
                 next_version: AtomicU64::new(1),
                 writes: Mutex::new(Vec::new()),
+                history: Mutex::new(Vec::new()),
             }),
             faults: Arc::default(),
         }
@@ -86,7 +91,10 @@ impl MemoryLeaseStore {
     /// Returns the stored object with its new resourceVersion.
     pub fn put(&self, lease: Option<Lease>) -> Option<Lease> {
         let stored = lease.map(|lease| self.stamp(lease));
-        self.shared.lease.send_replace(stored.clone());
+        self.shared.lease.send_modify(|current| {
+            self.shared.history.lock().push(stored.clone());
+            current.clone_from(&stored);
+        });
         stored
     }
 
@@ -118,6 +126,14 @@ impl MemoryLeaseStore {
         self.faults.blind.store(blind, Ordering::SeqCst);
     }
 
+    /// While `true`, watches opened through this connection deliver every change in order, as
+    /// an API server's watch does, instead of only the newest state: an event from before one of
+    /// this connection's own writes (a deletion before its create, say) arrives after that write
+    /// returned. Streams opened before keep their mode.
+    pub fn ordered_watches(&self, ordered: bool) {
+        self.faults.ordered.store(ordered, Ordering::SeqCst);
+    }
+
     /// Freezes every `changes` stream of this connection opened so far: it
     /// stays open but never yields again (a connection a proxy stopped passing bytes on, without
     /// closing it). Streams opened afterwards work.
@@ -146,6 +162,47 @@ impl MemoryLeaseStore {
         let version = self.shared.next_version.fetch_add(1, Ordering::SeqCst);
         lease.metadata.resource_version = Some(version.to_string());
         lease
+    }
+
+    /// Stores a successful write of a connection; called with the channel locked for writing.
+    fn record(&self, current: &mut Option<Lease>, lease: &Lease) {
+        self.shared.writes.lock().push(lease.clone());
+        self.shared.history.lock().push(Some(lease.clone()));
+        *current = Some(lease.clone());
+    }
+
+    /// A watch delivering the state at its start, then every later state in order.
+    fn ordered_changes(&self, epoch: u64) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
+        let mut receiver = self.shared.lease.subscribe();
+        // Read together: writers push to the history while holding the channel's write lock.
+        let (first, next) = {
+            let current = receiver.borrow_and_update();
+            (current.clone(), self.shared.history.lock().len())
+        };
+        let shared = self.shared.clone();
+        let faults = self.faults.clone();
+        let state = (receiver, next, Some(first));
+        futures::stream::unfold(state, move |(mut receiver, mut next, mut first)| {
+            let (shared, faults) = (shared.clone(), faults.clone());
+            async move {
+                loop {
+                    if faults.watch_epoch.load(Ordering::SeqCst) != epoch {
+                        return futures::future::pending().await;
+                    }
+                    if let Some(first) = first.take() {
+                        return Some((Ok(first), (receiver, next, None)));
+                    }
+                    let event = shared.history.lock().get(next).cloned();
+                    if let Some(event) = event {
+                        next += 1;
+                        return Some((Ok(event), (receiver, next, None)));
+                    }
+                    receiver.changed().await.ok()?;
+                    receiver.borrow_and_update();
+                }
+            }
+        })
+        .boxed()
     }
 
     async fn enter(&self) -> Result<(), StoreError> {
@@ -196,8 +253,7 @@ impl LeaseStore for MemoryLeaseStore {
                 let version = self.shared.next_version.fetch_add(1, Ordering::SeqCst);
                 let mut lease = lease.clone();
                 lease.metadata.resource_version = Some(version.to_string());
-                self.shared.writes.lock().push(lease.clone());
-                *current = Some(lease.clone());
+                self.record(current, &lease);
                 created = Some(lease);
                 true
             });
@@ -224,8 +280,7 @@ impl LeaseStore for MemoryLeaseStore {
                 let version = self.shared.next_version.fetch_add(1, Ordering::SeqCst);
                 let mut lease = lease.clone();
                 lease.metadata.resource_version = Some(version.to_string());
-                self.shared.writes.lock().push(lease.clone());
-                *current = Some(lease.clone());
+                self.record(current, &lease);
                 replaced = Some(lease);
                 true
             });
@@ -240,12 +295,16 @@ impl LeaseStore for MemoryLeaseStore {
         if self.faults.blind.load(Ordering::SeqCst) {
             return futures::stream::pending().boxed();
         }
+        let epoch = self.faults.watch_epoch.load(Ordering::SeqCst);
+        if self.faults.ordered.load(Ordering::SeqCst) {
+            return self.ordered_changes(epoch);
+        }
         let mut receiver = self.shared.lease.subscribe();
-        // Like a watch: the current state first, then every change (intermediate states may be
-        // coalesced, which a real watch can also do after a reconnect).
+        // Like a watch: the current state first, then changes; intermediate states may be
+        // coalesced (which a real watch can also do after a reconnect) unless the connection
+        // asked for ordered watches.
         receiver.mark_changed();
         let faults = self.faults.clone();
-        let epoch = faults.watch_epoch.load(Ordering::SeqCst);
         futures::stream::unfold(receiver, move |mut receiver| {
             let faults = faults.clone();
             async move {
@@ -258,5 +317,70 @@ impl LeaseStore for MemoryLeaseStore {
             }
         })
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)] // tests fail loudly by design
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn named(name: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        }
+    }
+
+    fn names(events: &[Option<Lease>]) -> Vec<Option<String>> {
+        events
+            .iter()
+            .map(|lease| lease.as_ref().and_then(|lease| lease.metadata.name.clone()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_ordered_watch_delivers_every_state_and_a_plain_one_the_newest() {
+        let store = MemoryLeaseStore::new();
+        store.put(Some(named("first")));
+        let plain = store.changes();
+        store.ordered_watches(true);
+        let ordered = store.changes();
+        store.put(None);
+        store.put(Some(named("second")));
+
+        let ordered: Vec<_> = ordered
+            .take(3)
+            .map(|event| event.expect("ok"))
+            .collect()
+            .await;
+        assert_eq!(
+            names(&ordered),
+            [Some("first".into()), None, Some("second".into())]
+        );
+        let plain: Vec<_> = plain
+            .take(1)
+            .map(|event| event.expect("ok"))
+            .collect()
+            .await;
+        assert_eq!(names(&plain), [Some("second".into())], "coalesced");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_ordered_watch_delivers_nothing_more() {
+        let store = MemoryLeaseStore::new();
+        store.ordered_watches(true);
+        let mut ordered = store.changes();
+        assert!(ordered.next().await.is_some(), "the state at the start");
+        store.freeze_watches();
+        store.put(Some(named("after")));
+        let next = tokio::time::timeout(std::time::Duration::from_millis(10), ordered.next());
+        assert!(next.await.is_err(), "frozen");
     }
 }

@@ -191,6 +191,35 @@ async fn a_leader_that_learns_of_a_deletion_late_never_leads_beside_a_follower()
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deletion_watched_after_our_create_is_confirmed_by_a_read_and_keeps_the_term() {
+    // A watch delivers events in order, so an event from before our own write can arrive after
+    // the write returned. Here another party creates and deletes the lease while a's create is
+    // on its way; a's watch delivers that deletion once a leads. The record a wrote since still
+    // names it: one read confirms that, and the term goes on.
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    a_conn.ordered_watches(true);
+    let latency = Duration::from_millis(100);
+    a_conn.latency(latency);
+    let a = candidate(&a_conn, "a");
+
+    // a's get answers at 100 ms (no lease); its create is served at 200 ms.
+    sleep(latency + latency / 2).await;
+    store.put(Some(holder_lease("x", Timestamp::now())));
+    store.put(None);
+    wait_leading(&a, true, latency).await;
+    let term = current(&a).expect("leading");
+
+    // The deletion comes next on a's watch: a reads the lease (100 ms) instead of stepping down.
+    sleep(latency * 2).await;
+    assert_eq!(a_conn.calls(), 3, "get, create, and the confirming get");
+    assert_eq!(a.metrics().step_downs(), 0, "the read showed a as holder");
+    sleep(RETRY * 3).await;
+    assert_eq!(current(&a), Some(term), "the same term goes on");
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_frozen_lease_watch_is_restarted_so_a_deletion_ends_the_term_at_once() {
     let store = MemoryLeaseStore::new();
     let (a_conn, _, a, b) = a_leads_b_follows(&store).await;
