@@ -6,7 +6,9 @@
 #                                      Output in mutants.out/ (outcomes.json, caught.txt,
 #                                      missed.txt, ...). MUTANTS_TIMEOUT caps each test run
 #                                      (seconds, default 300); MUTANTS_IN_PLACE=1 mutates this
-#                                      tree instead of a copy (only in a throw-away copy).
+#                                      tree instead of a copy (only in a throw-away copy);
+#                                      MUTANTS_RE runs only the mutants whose description
+#                                      matches that regex (the rest of a stopped run).
 #   scripts/mutants.sh list            the mutants of the guard files, without line numbers.
 #   scripts/mutants.sh record          writes that list to docs/mutants.list: after a mutation
 #                                      run of changed guard code, and after merging.
@@ -106,7 +108,9 @@ case "${1:-}" in
     # cap on each test run.
     where=(--jobs 1)
     [ "${MUTANTS_IN_PLACE:-0}" = 1 ] && where=(--in-place)
-    cargo_mutants "${args[@]}" "${EXCLUDES[@]}" \
+    only=()
+    [ -n "${MUTANTS_RE:-}" ] && only=(--re "$MUTANTS_RE")
+    cargo_mutants "${args[@]}" "${EXCLUDES[@]}" "${only[@]}" \
       "${where[@]}" --timeout "${MUTANTS_TIMEOUT:-300}" --no-shuffle
     ;;
   *)
