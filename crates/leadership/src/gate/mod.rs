@@ -208,9 +208,10 @@ impl<K: QueueKey, S: Send + Sync + 'static> Gate<K, S> {
         if let Some(previous) = registration.active.take() {
             self.inner.queue.end_term(previous.term.id());
         }
+        // A previous state is kept only while fresh state is switched off.
         let state = match registration.previous_state.take() {
-            Some(previous) if !self.inner.fresh_state => previous,
-            _ => Arc::new((self.inner.factory)(&term)),
+            Some(previous) => previous,
+            None => Arc::new((self.inner.factory)(&term)),
         };
         if !self.inner.fresh_state {
             registration.previous_state = Some(state.clone());

@@ -30,6 +30,11 @@ struct Fixture {
 }
 
 fn fixture(terms: usize) -> Fixture {
+    fixture_with(terms, true)
+}
+
+/// `fresh_state: false` is the switch `Safeguards::without_fresh_state` turns.
+fn fixture_with(terms: usize, fresh_state: bool) -> Fixture {
     let queue = WorkQueue::new(&QueueConfig::default());
     let built = Arc::new(Mutex::new(Vec::new()));
     let cache = Arc::new(Mutex::new(vec!["svc-a", "svc-b"]));
@@ -52,7 +57,7 @@ fn fixture(terms: usize) -> Fixture {
         })
     };
     Fixture {
-        gate: Gate::new(queue.clone(), factory, replay, true),
+        gate: Gate::new(queue.clone(), factory, replay, fresh_state),
         queue,
         built,
         cache,
@@ -121,6 +126,29 @@ fn start_builds_fresh_state_then_replays_the_cache() {
     );
     assert_eq!(f.queue.depth(), 3);
     assert_eq!(*f.built.lock(), vec![f.terms[0].id(), f.terms[1].id()]);
+}
+
+#[test]
+fn with_fresh_state_switched_off_every_term_reuses_the_first_state() {
+    // The switch exists so that an app's tests can show what fresh state prevents; it must
+    // really carry the state over, or such a test proves nothing.
+    let f = fixture_with(3, false);
+    for index in 0..3 {
+        assert!(f.start(index));
+        f.gate
+            .dispatch(|ctx| ctx.state().seen.lock().push("written"))
+            .expect("registered");
+        assert!(f.stop(index));
+    }
+    assert_eq!(*f.built.lock(), vec![f.terms[0].id()], "built once");
+    let state = f.gate.inner.registration.read().previous_state.clone();
+    let state = state.expect("kept for the next term");
+    assert_eq!(state.built_for, f.terms[0].id());
+    assert_eq!(
+        state.seen.lock().len(),
+        3,
+        "every term wrote into the same state"
+    );
 }
 
 #[test]

@@ -161,6 +161,17 @@ async fn returns_cleanly_within(
         .expect("clean shutdown");
 }
 
+/// Waits for the runtime's task `run` to return `Ok` once its shutdown began, failing the test
+/// after [`LEADERSHIP_WAIT`] (a runtime that never returns fails the test instead of hanging it).
+async fn shuts_down(run: JoinHandle<Result<(), RuntimeError>>) {
+    returns_cleanly_within(
+        run,
+        LEADERSHIP_WAIT,
+        "the runtime returns after its shutdown",
+    )
+    .await;
+}
+
 /// An app that replays nothing; its reconcile (never called) does nothing.
 fn idle_app() -> impl Reconciler<Key = u32, TermState = (), Error = Fenced> {
     app(

@@ -45,7 +45,7 @@ async fn terms_driven_externally_and_periodic_resync_replays_while_leading() {
     assert_eq!(gate.registered_term(), None);
 
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
 }
 
 #[tokio::test(start_paused = true)]

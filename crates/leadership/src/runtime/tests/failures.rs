@@ -71,7 +71,7 @@ async fn in_flight_work_of_a_lost_term_is_fenced_at_its_next_write() {
         "the lost term's retry was ignored"
     );
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -93,7 +93,7 @@ async fn stale_tracker_scenario(fresh_tracker_per_term: bool) -> bool {
     .await;
 
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
     converged
 }
 

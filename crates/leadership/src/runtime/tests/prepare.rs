@@ -45,7 +45,7 @@ async fn a_term_registers_and_replays_only_once_its_preparation_is_done() {
     );
 
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
 }
 
 #[test]

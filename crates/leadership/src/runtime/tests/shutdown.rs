@@ -50,7 +50,7 @@ async fn shutdown_drains_queued_and_in_flight_work_then_releases_the_lease() {
         None,
         "intake stopped"
     );
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
 
     // 15 s of work: longer than RenewDeadline, so the lease was renewed while draining.
     assert!(Instant::now() - started >= Duration::from_secs(14));
@@ -88,7 +88,7 @@ async fn shutdown_leaves_the_lease_to_expire_when_work_still_hangs_at_the_drain_
 
     let started = Instant::now();
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
     assert_eq!(Instant::now() - started, Duration::from_secs(3));
     // The hanging call may still land: a standby waits for the Lease to expire, as after a
     // crash, rather than start before it.
@@ -113,7 +113,7 @@ async fn a_follower_shuts_down_at_once_and_writes_nothing() {
     let writes_before = store.writes().len();
     let started = Instant::now();
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
     assert_eq!(Instant::now(), started, "returned at once");
     assert_eq!(store.writes().len(), writes_before);
     assert!(writes_before <= writes + 1, "only b's renewals");
@@ -142,7 +142,7 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
     );
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
-    started.notified().await;
+    within_bound("the reconcile starts", started.notified()).await;
 
     // SIGTERM, and the term is lost (renew deadline passed) while the write hangs: nothing of
     // that term can write any more, so the exit must not wait for the drain deadline (10 s).

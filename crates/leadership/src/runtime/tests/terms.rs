@@ -114,8 +114,8 @@ async fn two_runtimes_under_one_lease_stop_at_a_terms_end_and_start_fresh_at_the
     }
 
     shutdown.cancel();
-    slices_run.await.expect("task").expect("clean shutdown");
-    routes_run.await.expect("task").expect("clean shutdown");
+    shuts_down(slices_run).await;
+    shuts_down(routes_run).await;
     assert_eq!(holder(&store), None, "released once both runtimes stopped");
 }
 
@@ -131,13 +131,13 @@ async fn a_shared_lease_is_released_only_once_every_runtime_has_drained() {
     sleep(Duration::from_millis(100)).await; // both started the term; the slow one is writing
     shutdown.cancel();
 
-    quick_run.await.expect("task").expect("clean shutdown");
+    shuts_down(quick_run).await;
     assert_eq!(
         holder(&store).as_deref(),
         Some("a"),
         "still held: the other runtime is draining"
     );
-    slow_run.await.expect("task").expect("clean shutdown");
+    shuts_down(slow_run).await;
     assert_eq!(
         slow_seen.reconciled.lock().len(),
         1,
@@ -170,7 +170,7 @@ async fn a_panicking_reconcile_ends_the_term_for_every_runtime_under_the_lease()
     );
 
     shutdown.cancel();
-    healthy_run.await.expect("task").expect("clean shutdown");
+    shuts_down(healthy_run).await;
     assert_eq!(holder(&store).as_deref(), Some("b"), "b's Lease untouched");
 }
 
@@ -260,7 +260,7 @@ async fn a_preparation_past_the_prepare_timeout_gives_the_term_up_and_competes_a
     assert_eq!(metrics.terms_given_up(), 1);
 
     shutdown.cancel();
-    run.await.expect("task").expect("clean shutdown");
+    shuts_down(run).await;
     assert_eq!(holder(&store), None);
 }
 
@@ -342,10 +342,10 @@ async fn a_runtime_that_stops_with_work_still_running_keeps_a_shared_lease_from_
     // The hanging runtime stops first (at its drain timeout), then the other releases its
     // handle last: the Lease is still not released.
     stop_hanging.cancel();
-    hanging_run.await.expect("task").expect("clean shutdown");
+    shuts_down(hanging_run).await;
     assert_eq!(holder(&store).as_deref(), Some("a"), "still held");
     stop_quick.cancel();
-    quick_run.await.expect("task").expect("clean shutdown");
+    shuts_down(quick_run).await;
     assert_eq!(
         holder(&store).as_deref(),
         Some("a"),
