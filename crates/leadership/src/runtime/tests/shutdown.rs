@@ -121,9 +121,12 @@ async fn a_follower_shuts_down_at_once_and_writes_nothing() {
     drop(leader);
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
-    let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
+/// A runtime on a leadership `receiver` whose replay queues key 1 and whose reconcile of it
+/// hangs (a write on a dead connection), started: its task, and its shutdown token once the
+/// reconcile has begun.
+async fn running_with_a_hanging_write(
+    receiver: watch::Receiver<Option<Term>>,
+) -> (JoinHandle<Result<(), RuntimeError>>, CancellationToken) {
     let started = Arc::new(Notify::new());
     let runtime = Runtime::new(
         RuntimeConfig::default(),
@@ -132,7 +135,6 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
             move |_key, _context| {
                 let started = started.clone();
                 async move {
-                    // A write hanging on a dead connection.
                     started.notify_one();
                     std::future::pending::<()>().await;
                     Ok::<_, Fenced>(Action::Done)
@@ -143,6 +145,13 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(runtime.run(ElectorHandle::external(receiver), shutdown.clone()));
     within_bound("the reconcile starts", started.notified()).await;
+    (run, shutdown)
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
+    let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
+    let (run, shutdown) = running_with_a_hanging_write(receiver).await;
 
     // SIGTERM, and the term is lost (renew deadline passed) while the write hangs: nothing of
     // that term can write any more, so the exit must not wait for the drain deadline (10 s).
@@ -152,6 +161,24 @@ async fn shutdown_after_the_term_is_lost_does_not_wait_for_hanging_work() {
         run,
         Duration::from_secs(1),
         "returned well before the drain deadline",
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_of_a_follower_whose_lost_term_left_a_write_hanging_does_not_drain() {
+    let (leadership, receiver) = watch::channel(Some(Term::unbounded()));
+    let (run, shutdown) = running_with_a_hanging_write(receiver).await;
+
+    // The term is lost first; the replica follows with that write still in flight. Its
+    // shutdown has no term to drain for: it must not wait for the drain deadline either.
+    leadership.send_replace(None);
+    sleep(Duration::from_millis(10)).await;
+    shutdown.cancel();
+    returns_cleanly_within(
+        run,
+        Duration::from_secs(1),
+        "a follower returns well before the drain deadline",
     )
     .await;
 }
