@@ -3,6 +3,7 @@
 
 mod acquire;
 mod faults;
+mod record;
 mod release;
 mod step_down;
 
