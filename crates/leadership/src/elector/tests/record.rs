@@ -1,4 +1,5 @@
-//! The Lease record's own judgements, as tables: how long a record we observed stays valid.
+//! The Lease record's own judgements, as tables: when a record we observed changed, and how long
+//! it stays valid after that.
 
 use super::*;
 use crate::elector::record::Observed;
@@ -34,4 +35,44 @@ fn a_record_expires_after_its_own_duration_and_after_ours_when_it_states_none_th
         let observed = observed_with_duration(seconds, seen);
         assert_eq!(observed.expires_at(&config), seen + valid_for, "{case}");
     }
+}
+
+#[test]
+fn the_observation_time_moves_only_when_holder_renew_time_or_version_changes() {
+    let first_seen = Instant::now();
+    let later = first_seen + RETRY;
+    let renewed = Timestamp::now();
+    let record = |holder: &str, renew: Timestamp, version: &str| {
+        let mut lease = holder_lease(holder, renew);
+        lease.metadata.resource_version = Some(version.into());
+        lease
+    };
+    let previous = record("b", renewed, "7");
+    let cases = [
+        (
+            record("b", renewed, "7"),
+            first_seen,
+            "the same record read again",
+        ),
+        (record("c", renewed, "7"), later, "another holder"),
+        (
+            record("b", renewed + Duration::from_secs(2), "7"),
+            later,
+            "a new renewTime",
+        ),
+        (record("b", renewed, "8"), later, "a new resourceVersion"),
+    ];
+    for (lease, changed_at, case) in cases {
+        let before = Observed {
+            lease: previous.clone(),
+            changed_at: first_seen,
+        };
+        let observed = Observed::update(Some(before), lease, later);
+        assert_eq!(observed.changed_at, changed_at, "{case}");
+    }
+    assert_eq!(
+        Observed::update(None, previous, later).changed_at,
+        later,
+        "a first observation"
+    );
 }
