@@ -2,7 +2,7 @@
 //! it stays valid after that.
 
 use super::*;
-use crate::elector::record::Observed;
+use crate::elector::record::{self, Observed};
 
 fn observed_with_duration(seconds: Option<i32>, changed_at: Instant) -> Observed {
     let mut lease = holder_lease("b", Timestamp::now());
@@ -75,4 +75,20 @@ fn the_observation_time_moves_only_when_holder_renew_time_or_version_changes() {
         later,
         "a first observation"
     );
+}
+
+#[test]
+fn a_new_lease_carries_every_field_that_other_clients_read() {
+    // client-go's elector and kubectl read these: the holder, its duration, when it was
+    // acquired and renewed, and how often it changed hands (our fencing token).
+    let config = LeaseConfig::new("lease", "ns", "a", LeaseTimings::default()).expect("valid");
+    let lease = record::new_lease(&config);
+    assert_eq!(lease.metadata.name.as_deref(), Some("lease"));
+    assert_eq!(lease.metadata.namespace.as_deref(), Some("ns"));
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    assert_eq!(spec.lease_duration_seconds, Some(15));
+    assert_eq!(spec.lease_transitions, Some(0));
+    let acquired = spec.acquire_time.expect("acquireTime");
+    assert_eq!(spec.renew_time, Some(acquired), "renewed when acquired");
 }
