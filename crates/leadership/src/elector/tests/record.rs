@@ -42,25 +42,25 @@ fn the_observation_time_moves_only_when_holder_renew_time_or_version_changes() {
     let first_seen = Instant::now();
     let later = first_seen + RETRY;
     let renewed = Timestamp::now();
-    let record = |holder: &str, renew: Timestamp, version: &str| {
+    let lease_of = |holder: &str, renew: Timestamp, version: &str| {
         let mut lease = holder_lease(holder, renew);
         lease.metadata.resource_version = Some(version.into());
         lease
     };
-    let previous = record("b", renewed, "7");
+    let previous = lease_of("b", renewed, "7");
     let cases = [
         (
-            record("b", renewed, "7"),
+            lease_of("b", renewed, "7"),
             first_seen,
             "the same record read again",
         ),
-        (record("c", renewed, "7"), later, "another holder"),
+        (lease_of("c", renewed, "7"), later, "another holder"),
         (
-            record("b", renewed + Duration::from_secs(2), "7"),
+            lease_of("b", renewed + Duration::from_secs(2), "7"),
             later,
             "a new renewTime",
         ),
-        (record("b", renewed, "8"), later, "a new resourceVersion"),
+        (lease_of("b", renewed, "8"), later, "a new resourceVersion"),
     ];
     for (lease, changed_at, case) in cases {
         let before = Observed {
