@@ -1,9 +1,10 @@
 //! The runtime's and the elector's protections, as one value.
 //!
 //! Every protection is on, always, in anything built without the `test-util` feature: the only
-//! value such a build can make is [`Safeguards::default`]. With the feature, a test can switch
-//! one off to show that something notices its absence (the project's simulation does this for
-//! each of them, and records the seed and the check that breaks).
+//! value such a build can make is [`Safeguards::default`]. With the feature (and in this crate's
+//! own tests), a test can switch one off to show that something notices its absence (the
+//! project's simulation does this for each of them, and records the seed and the check that
+//! breaks).
 
 /// The protections of the leadership runtime and elector (see the crate docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +33,7 @@ impl Default for Safeguards {
     }
 }
 
-#[cfg(feature = "test-util")]
+#[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 impl Safeguards {
     /// The fence lets every write through (tests only).

@@ -178,7 +178,7 @@ impl LeaseConfig {
     }
 
     /// Switches the deleted-Lease wait off, for tests that show what notices its absence.
-    #[cfg(feature = "test-util")]
+    #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     #[must_use]
     pub fn with_safeguards(mut self, safeguards: Safeguards) -> Self {

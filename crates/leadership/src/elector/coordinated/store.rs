@@ -168,6 +168,8 @@ mod memory {
         others: Arc<Mutex<BTreeMap<String, LeaseCandidate>>>,
         /// Whether reads of the other candidates fail.
         failing_reads: Arc<AtomicBool>,
+        /// How many reads of a named candidate were made.
+        named_reads: Arc<AtomicU64>,
     }
 
     impl MemoryLeaseCandidateStore {
@@ -178,6 +180,7 @@ mod memory {
                 writes: Arc::default(),
                 others: Arc::default(),
                 failing_reads: Arc::default(),
+                named_reads: Arc::default(),
             }
         }
 
@@ -190,6 +193,11 @@ mod memory {
         /// Makes the reads of the other candidates fail (or succeed again).
         pub(in crate::elector) fn fail_reads_of_others(&self, failing: bool) {
             self.failing_reads.store(failing, Ordering::SeqCst);
+        }
+
+        /// How many reads of a named candidate were made (each preference weighed is one).
+        pub(in crate::elector) fn named_reads(&self) -> u64 {
+            self.named_reads.load(Ordering::SeqCst)
         }
 
         pub(in crate::elector) fn current(&self) -> Option<LeaseCandidate> {
@@ -242,6 +250,7 @@ mod memory {
             name: &'a str,
         ) -> BoxFuture<'a, Result<Option<LeaseCandidate>, StoreError>> {
             async move {
+                self.named_reads.fetch_add(1, Ordering::SeqCst);
                 if self.failing_reads.load(Ordering::SeqCst) {
                     return Err(StoreError::Injected);
                 }

@@ -314,9 +314,20 @@ async fn leader_keeps_the_lease_when_the_preferred_candidate_is_gone() {
     let (leases, candidates) = (MemoryLeaseStore::new(), MemoryLeaseCandidateStore::new());
     let (a, term) = a_leading(&leases, &candidates).await;
     // No LeaseCandidate "b" (deleted on its shutdown, or garbage-collected): nobody to yield to.
+    let (reads, writes) = (candidates.named_reads(), leases.writes().len());
     prefer(&leases, "b", OLDEST_EMULATION_VERSION);
     keeps_leading(&a, &term, &leases, "b").await;
     assert_eq!(a.metrics().preferences_declined(), 1);
+    // Weighed when the preference appeared, then once a renewal: the echoes of our own
+    // renewals on the watch add no reads.
+    let (reads, renewals) = (
+        candidates.named_reads() - reads,
+        leases.writes().len() - writes,
+    );
+    assert!(
+        reads <= renewals as u64 + 1,
+        "{reads} reads of the preferred candidate over {renewals} renewals"
+    );
 }
 
 #[tokio::test(start_paused = true)]

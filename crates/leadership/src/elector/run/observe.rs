@@ -347,15 +347,19 @@ mod tests {
         lease
     }
 
-    fn candidate(case: &Case) -> Candidate<MemoryLeaseStore> {
+    fn new_candidate() -> Candidate<MemoryLeaseStore> {
         let config = LeaseConfig::new("lease", "ns", US, LeaseTimings::default()).unwrap();
         let (sender, _) = tokio::sync::watch::channel(None);
-        let mut candidate = Candidate::new(
+        Candidate::new(
             config,
             MemoryLeaseStore::new(),
             sender,
             ElectorMetrics::default(),
-        );
+        )
+    }
+
+    fn candidate(case: &Case) -> Candidate<MemoryLeaseStore> {
+        let mut candidate = new_candidate();
         let now = Instant::now();
         candidate.observed = case
             .seen
@@ -460,6 +464,120 @@ mod tests {
                 "{}: leading after",
                 case.name
             );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_lease_found_after_more_than_two_retry_periods_unseen_is_waited_out() {
+        // More than two RetryPeriods without a sighting (requests failing, say): a Lease may have
+        // come and gone unseen. One failed poll alone (two RetryPeriods between sightings) is not
+        // blindness.
+        let retry = LeaseTimings::default().retry_period();
+        let renew_deadline = LeaseTimings::default().renew_deadline();
+        for (unseen, waits) in [
+            (retry * 2, false),
+            (retry * 2 + Duration::from_millis(1), true),
+        ] {
+            let mut candidate = new_candidate();
+            let now = Instant::now() + unseen;
+            candidate.observe(None, now);
+            assert_eq!(
+                candidate.vanished_until,
+                waits.then_some(now + renew_deadline),
+                "unseen for {unseen:?}"
+            );
+        }
+    }
+
+    /// An attempt by a competing candidate, for [`next_attempt_after`](Candidate::next_attempt_after).
+    /// Times count from when the case's record was seen (its duration: 15 s).
+    struct Attempt {
+        name: &'static str,
+        /// Leading, renewed at the attempt's start.
+        leading: bool,
+        /// The holder of the record last seen, if any.
+        seen: Option<Holder>,
+        /// A deleted record's claim runs until then.
+        vanished: Option<Duration>,
+        /// When the attempt started; it took 10 ms.
+        started: Duration,
+        /// When the next attempt is due.
+        next: Duration,
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_attempt_is_the_next_poll_or_an_expiry_ahead_of_the_attempt() {
+        use Holder::{Nobody, Other, Us};
+        let s = Duration::from_secs;
+        let after = |started: u64, millis: u64| s(started) + Duration::from_millis(millis);
+        let follower = |name, seen, started, next| Attempt {
+            name,
+            leading: false,
+            seen: Some(seen),
+            vanished: None,
+            started,
+            next,
+        };
+        let deleted = |name, vanished, next| Attempt {
+            name,
+            leading: false,
+            seen: None,
+            vanished: Some(vanished),
+            started: s(14),
+            next,
+        };
+        let cases = [
+            follower("another holder's expiry ahead: then", Other, s(14), s(15)),
+            follower(
+                "an expiry at the attempt's start was tried: the next poll",
+                Other,
+                s(15),
+                s(17),
+            ),
+            follower(
+                "an expiry behind the attempt: the next poll",
+                Other,
+                s(16),
+                s(18),
+            ),
+            follower("a release has no holder to wait for", Nobody, s(14), s(16)),
+            Attempt {
+                name: "a leader renews at the next poll",
+                leading: true,
+                ..follower("", Us, s(14), s(16))
+            },
+            deleted("a deleted record's claim ending ahead: then", s(15), s(15)),
+            deleted(
+                "a claim that ended during the attempt: the next poll",
+                after(14, 5),
+                s(16),
+            ),
+            deleted(
+                "a claim ending as the attempt ends: the next poll",
+                after(14, 10),
+                s(16),
+            ),
+        ];
+        for case in cases {
+            let seen_at = Instant::now();
+            let mut candidate = new_candidate();
+            candidate.observed = case
+                .seen
+                .map(|holder| Observed::update(None, record(1, holder), seen_at));
+            candidate.vanished_until = case.vanished.map(|vanished| seen_at + vanished);
+            let started = seen_at + case.started;
+            tokio::time::advance(case.started).await;
+            if case.leading {
+                candidate.written_version = Some("1".to_owned());
+                candidate.role = Role::Leading {
+                    term: Term::new(started, Duration::from_secs(10)),
+                    watch_caught_up: true,
+                };
+            }
+            tokio::time::advance(Duration::from_millis(10)).await;
+            let next = candidate.next_attempt_after(started);
+            assert_eq!(next - seen_at, case.next, "{}", case.name);
+            assert_eq!(candidate.role.leading(), case.leading, "{}", case.name);
         }
     }
 }

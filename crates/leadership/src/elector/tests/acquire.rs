@@ -24,6 +24,42 @@ async fn lone_candidate_creates_the_lease_and_leads() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_candidate_writes_and_keeps_the_timings_it_was_given() {
+    let secs = Duration::from_secs;
+    let timings = LeaseTimings::new(secs(30), secs(20), secs(5)).expect("valid timings");
+    let config = |identity| LeaseConfig::new("lease", "ns", identity, timings).expect("valid");
+    let store = MemoryLeaseStore::new();
+    let a = LeaseElector::new(config("a"), store.connect()).spawn();
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    assert_eq!(spec(&store).lease_duration_seconds, Some(30));
+    let writes = store.writes().len();
+    sleep(secs(20) + Duration::from_millis(1)).await;
+    assert_eq!(store.writes().len(), writes + 4, "renewed every 5 s");
+
+    // A follower takes the Lease over 30 s after it last changed, not 15.
+    let b = LeaseElector::new(config("b"), store.connect()).spawn();
+    sleep(Duration::from_millis(1)).await;
+    drop(a);
+    let last_renewed = Instant::now();
+    let led = wait_leading(&b, true, secs(40)).await;
+    assert!(
+        led >= last_renewed + secs(25) && led <= last_renewed + secs(31),
+        "b led {:?} after a's last renewal",
+        led - last_renewed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_metrics_taken_before_spawning_count_what_the_spawned_elector_does() {
+    let config = LeaseConfig::new("lease", "ns", "a", LeaseTimings::default());
+    let elector = LeaseElector::new(config.expect("valid config"), MemoryLeaseStore::new());
+    let metrics = elector.metrics();
+    let a = elector.spawn();
+    wait_leading(&a, true, Duration::from_millis(10)).await;
+    assert_eq!(metrics.acquisitions(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn expiry_is_judged_by_local_observation_and_foreign_fields_are_kept() {
     let store = MemoryLeaseStore::new();
     // Held by a crashed replica whose renewTime is long past (or skewed): that is not expiry.
@@ -124,6 +160,21 @@ async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() 
     );
     let led = wait_leading(&a, true, Duration::from_millis(20)).await;
     assert!(led >= deleted + RENEW_DEADLINE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_deleted_lease_wait_a_deleted_lease_is_recreated_at_once() {
+    let store = MemoryLeaseStore::new();
+    store.put(Some(holder_lease("old", Timestamp::now())));
+    let config = LeaseConfig::new("lease", "ns", "a", LeaseTimings::default())
+        .expect("valid config")
+        .with_safeguards(crate::Safeguards::default().without_deleted_lease_wait());
+    let a = LeaseElector::new(config, store.connect()).spawn();
+    sleep(Duration::from_millis(500)).await;
+    assert!(current(&a).is_none());
+    store.put(None);
+    // The switch the simulation turns off to show the wait is needed: it does switch it off.
+    wait_leading(&a, true, Duration::from_millis(20)).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,5 +1,5 @@
 //! Releasing: a leader's release hands the Lease over at once to a follower watching it; a
-//! follower's release makes no request.
+//! follower's release makes no request; dropping the last handle stops the elector without one.
 
 use super::*;
 
@@ -50,4 +50,30 @@ async fn follower_release_makes_no_request() {
     // without reading the Lease again (the release's read is for a holder).
     assert_eq!(b_conn.calls(), calls);
     assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_shared_handle_keeps_the_elector_and_dropping_the_last_stops_it_unreleased() {
+    let store = MemoryLeaseStore::new();
+    let a = leading_candidate(&store.connect(), "a").await;
+    let shared = a.share();
+    drop(a);
+    let writes = store.writes().len();
+    sleep(RETRY * 3 + Duration::from_millis(1)).await;
+    assert_eq!(
+        store.writes().len(),
+        writes + 3,
+        "the other handle keeps it renewing"
+    );
+    assert!(current(&shared).is_some());
+
+    drop(shared);
+    let writes = store.writes().len();
+    sleep(RETRY * 3).await;
+    assert_eq!(store.writes().len(), writes, "no renewal, and no release");
+    assert_eq!(
+        spec(&store).holder_identity.as_deref(),
+        Some("a"),
+        "left to expire"
+    );
 }

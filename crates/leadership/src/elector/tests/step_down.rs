@@ -191,6 +191,47 @@ async fn a_leader_that_learns_of_a_deletion_late_never_leads_beside_a_follower()
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_leader_whose_lease_is_deleted_steps_down_and_re_creates_it_at_its_next_poll() {
+    let store = MemoryLeaseStore::new();
+    let a = leading_candidate(&store.connect(), "a").await;
+    let first = current(&a).expect("leading");
+    store.put(None);
+    wait_leading(&a, false, Duration::from_millis(1)).await;
+    // The record a last saw named a, and a led: nobody else's claim can run, so a need not
+    // wait out RenewDeadline as a follower must.
+    wait_leading(&a, true, RETRY + Duration::from_millis(10)).await;
+    assert_ne!(
+        current(&a).map(|term| term.id()),
+        Some(first.id()),
+        "a new term"
+    );
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_former_leader_still_named_by_a_deleted_lease_waits_out_a_claim_it_may_not_have_seen() {
+    // Its renewals failed until its term ended; the last record it saw still names it. Someone
+    // may have taken the Lease since, unseen, and may still act (simulation seed 779): a waits
+    // RenewDeadline from the deletion, as any follower does.
+    let store = MemoryLeaseStore::new();
+    let a_conn = store.connect();
+    let a = leading_candidate(&a_conn, "a").await;
+    a_conn.fail_next(1_000);
+    wait_leading(&a, false, RENEW_DEADLINE + RETRY).await;
+    assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
+    a_conn.fail_next(0);
+    store.put(None);
+    let deleted = Instant::now();
+    sleep_until(deleted + RENEW_DEADLINE - Duration::from_millis(10)).await;
+    assert!(
+        current(&a).is_none(),
+        "a waited out a claim it may not have seen"
+    );
+    let led = wait_leading(&a, true, RETRY + Duration::from_millis(20)).await;
+    assert!(led >= deleted + RENEW_DEADLINE);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_deletion_watched_after_our_create_is_confirmed_by_a_read_and_keeps_the_term() {
     // A watch delivers events in order, so an event from before our own write can arrive after
     // the write returned. Here another party creates and deletes the lease while a's create is
