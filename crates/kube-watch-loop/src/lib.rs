@@ -50,6 +50,8 @@ use kube::{
 pub use self::{backoff::Backoff, machine::WatchLoop};
 
 /// The server timeout of a probe's stream: its bookmark comes about a second after it starts.
+/// The least that gets one: kube-apiserver schedules a watch's bookmark two seconds before its
+/// timeout, and none when less than two seconds are left.
 pub const PROBE_TIMEOUT_SECONDS: u32 = 3;
 
 /// The events of one watch request, as the API server streams them.

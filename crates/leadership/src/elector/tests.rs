@@ -94,10 +94,15 @@ async fn a_leads_b_follows(
     (a_conn, b_conn, a, b)
 }
 
-/// Waits until `store` has been written once more (in paused time, polling every 10 ms).
+/// Waits until `store` has been written once more (in paused time, polling every 10 ms), failing
+/// after a LeaseDuration: a leader renews every RetryPeriod.
 async fn next_write(store: &MemoryLeaseStore) {
     let writes = store.writes().len();
-    while store.writes().len() == writes {
-        sleep(Duration::from_millis(10)).await;
-    }
+    timeout(LEASE_DURATION, async {
+        while store.writes().len() == writes {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a write within a LeaseDuration");
 }

@@ -45,7 +45,14 @@ struct Faults {
     watch_epoch: AtomicU64,
     panic_next: AtomicBool,
     intrusion: Mutex<Option<Lease>>,
+    /// The instant of the last call or watch, and how many came at that instant.
+    same_instant: Mutex<Option<(tokio::time::Instant, u32)>>,
 }
+
+/// More calls and watches than this through one connection at one instant is a caller that
+/// spins: in paused time its task never lets the clock move, so a test would hang instead of
+/// failing. Retries and watch restarts always wait between tries.
+const SPIN_LIMIT: u32 = 1_000;
 
 // === impl MemoryLeaseStore ===
 
@@ -205,8 +212,25 @@ impl MemoryLeaseStore {
         .boxed()
     }
 
+    /// Panics on the [`SPIN_LIMIT`]th call or watch at one instant (the caller's task ends, as
+    /// with [`panic_next`](Self::panic_next), and the test fails).
+    fn not_spinning(&self) {
+        let now = tokio::time::Instant::now();
+        let mut same_instant = self.faults.same_instant.lock();
+        let count = match *same_instant {
+            Some((at, count)) if at == now => count + 1,
+            _ => 1,
+        };
+        *same_instant = Some((now, count));
+        assert!(
+            count < SPIN_LIMIT,
+            "{count} lease store calls and watches at one instant: the caller spins"
+        );
+    }
+
     async fn enter(&self) -> Result<(), StoreError> {
         self.faults.calls.fetch_add(1, Ordering::SeqCst);
+        self.not_spinning();
         if self.faults.panic_next.swap(false, Ordering::SeqCst) {
             panic!("injected panic in the lease store");
         }
@@ -292,6 +316,7 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     fn changes(&self) -> BoxStream<'static, Result<Option<Lease>, StoreError>> {
+        self.not_spinning();
         if self.faults.blind.load(Ordering::SeqCst) {
             return futures::stream::pending().boxed();
         }
@@ -382,5 +407,25 @@ mod tests {
         store.put(Some(named("after")));
         let next = tokio::time::timeout(std::time::Duration::from_millis(10), ordered.next());
         assert!(next.await.is_err(), "frozen");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_at_one_instant_are_served_up_to_the_spin_limit_and_again_once_time_moves() {
+        let store = MemoryLeaseStore::new();
+        for _ in 1..SPIN_LIMIT {
+            store.get().await.expect("served");
+        }
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        store.get().await.expect("served: time moved");
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "the caller spins")]
+    async fn a_caller_that_spins_at_one_instant_is_stopped() {
+        let store = MemoryLeaseStore::new();
+        for _ in 1..SPIN_LIMIT {
+            let _ = store.changes();
+        }
+        let _ = store.get().await;
     }
 }
