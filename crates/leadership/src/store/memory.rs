@@ -49,9 +49,9 @@ struct Faults {
     same_instant: Mutex<Option<(tokio::time::Instant, u32)>>,
 }
 
-/// More calls and watches than this through one connection at one instant is a caller that
-/// spins: in paused time its task never lets the clock move, so a test would hang instead of
-/// failing. Retries and watch restarts always wait between tries.
+/// This many calls and watches through one connection at one instant is a caller that spins:
+/// in paused time its task never lets the clock move, so a test would hang instead of failing.
+/// Retries and watch restarts always wait between tries.
 const SPIN_LIMIT: u32 = 1_000;
 
 // === impl MemoryLeaseStore ===
