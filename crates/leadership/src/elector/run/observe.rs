@@ -489,8 +489,9 @@ mod tests {
         }
     }
 
-    /// An attempt by a competing candidate, for [`next_attempt_after`](Candidate::next_attempt_after).
-    /// Times count from when the case's record was seen (its duration: 15 s).
+    /// An attempt by a competing candidate, for
+    /// [`next_attempt_after`](Candidate::next_attempt_after). Times count from when the case's
+    /// record was seen (its duration: 15 s).
     struct Attempt {
         name: &'static str,
         /// Leading, renewed at the attempt's start.
