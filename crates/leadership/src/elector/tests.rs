@@ -94,6 +94,20 @@ async fn a_leads_b_follows(
     (a_conn, b_conn, a, b)
 }
 
+/// Deletes the lease; `a`, following, waits RenewDeadline from the deletion (the last holder may
+/// act until then), then leads within `within`.
+async fn deletion_waited_out(store: &MemoryLeaseStore, a: &ElectorHandle, within: Duration) {
+    store.put(None);
+    let deleted = Instant::now();
+    sleep_until(deleted + RENEW_DEADLINE - Duration::from_millis(10)).await;
+    assert!(
+        current(a).is_none(),
+        "a waited out the deleted record's claim"
+    );
+    let led = wait_leading(a, true, within).await;
+    assert!(led >= deleted + RENEW_DEADLINE);
+}
+
 /// Waits until `store` has been written once more (in paused time, polling every 10 ms), failing
 /// after a LeaseDuration: a leader renews every RetryPeriod.
 async fn next_write(store: &MemoryLeaseStore) {

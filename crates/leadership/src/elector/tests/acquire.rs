@@ -148,18 +148,10 @@ async fn a_deleted_lease_is_recreated_once_its_last_holder_has_stopped_acting() 
     let a = candidate(&store.connect(), "a");
     sleep(Duration::from_millis(500)).await;
     assert!(current(&a).is_none());
-    store.put(None);
-    let deleted = Instant::now();
     // "old" may have renewed after a last saw it, and may not know of the deletion yet: it
     // acts until RenewDeadline after its last renewal, which came before the deletion. So its
     // claim stands until RenewDeadline after a saw the deletion.
-    sleep_until(deleted + RENEW_DEADLINE - Duration::from_millis(10)).await;
-    assert!(
-        current(&a).is_none(),
-        "a waited out the deleted record's claim"
-    );
-    let led = wait_leading(&a, true, Duration::from_millis(20)).await;
-    assert!(led >= deleted + RENEW_DEADLINE);
+    deletion_waited_out(&store, &a, Duration::from_millis(20)).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -220,15 +220,7 @@ async fn a_former_leader_still_named_by_a_deleted_lease_waits_out_a_claim_it_may
     wait_leading(&a, false, RENEW_DEADLINE + RETRY).await;
     assert_eq!(spec(&store).holder_identity.as_deref(), Some("a"));
     a_conn.fail_next(0);
-    store.put(None);
-    let deleted = Instant::now();
-    sleep_until(deleted + RENEW_DEADLINE - Duration::from_millis(10)).await;
-    assert!(
-        current(&a).is_none(),
-        "a waited out a claim it may not have seen"
-    );
-    let led = wait_leading(&a, true, RETRY + Duration::from_millis(20)).await;
-    assert!(led >= deleted + RENEW_DEADLINE);
+    deletion_waited_out(&store, &a, RETRY + Duration::from_millis(20)).await;
 }
 
 #[tokio::test(start_paused = true)]
