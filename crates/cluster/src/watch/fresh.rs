@@ -19,10 +19,10 @@
 //!    its watch cache's version; the cache is up to date once the watch has read step 1's
 //!    version (an event or a bookmark at or past it). A stream merely started after step 1
 //!    proves nothing: behind one address, another API server instance whose watch cache lags
-//!    may serve it (simulation seed 13843). Three seconds is the floor: kube-apiserver
-//!    schedules a watch's bookmark two seconds before its timeout and sends it on its next
-//!    bookmark tick (about every second), and a timeout less than two seconds away gets no
-//!    bookmark at all. So a probe waits 1–2.25 s, whatever the kind's size;
+//!    may serve it (simulation seed 13843). Three seconds is the least timeout that gets a
+//!    bookmark ([`PROBE_TIMEOUT_SECONDS`](kube_watch_loop::PROBE_TIMEOUT_SECONDS)), sent on the
+//!    server's next bookmark tick (about every second): a probe waits 1–2.25 s, whatever the
+//!    kind's size;
 //! 4. a watch that does not read that version within [`PROBE_WAIT`] (every watch connection
 //!    stalled, a lagging instance, a version that is not a number) re-lists with plain paged
 //!    LIST requests instead.
