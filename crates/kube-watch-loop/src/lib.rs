@@ -10,6 +10,11 @@
 //!          └──── 410 Gone / asked ──────┘ an error: backoff, resume
 //! ```
 //!
+//! A stream that reaches the earliest end its server timeout allows before its closing bookmark
+//! is read (its frames come late) gets a successor, opened from the last version read and read
+//! once it ends, each event once (the relay, `relay.rs`): a change made on the server between
+//! the two is then late by the stream's lag, not twice it.
+//!
 //! The loop ([`WatchLoop`]) is a state machine over [`WatchApi`], the two requests it needs (list
 //! a page, watch from a version), so its every transition can be tested against scripted answers
 //! in paused time; `kube::Api<K>` implements it. What the loop observes on its way (a list
@@ -31,6 +36,7 @@
 
 mod backoff;
 mod machine;
+mod relay;
 #[cfg(test)]
 mod tests;
 

@@ -1,6 +1,6 @@
 //! The watch loop's state machine (see the crate docs).
 
-use std::{collections::VecDeque, time::Duration};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use kube::{
@@ -12,11 +12,15 @@ use tokio::{sync::mpsc, time::Instant};
 
 use super::{
     Backoff, Command, Event, EventStream, PROBE_TIMEOUT_SECONDS, Position, WatchApi, WatchConfig,
-    WatchHooks, version_number,
+    WatchHooks, relay::Relay, version_number,
 };
 
 /// Objects per page of a paged list.
 const PAGE_SIZE: u32 = 500;
+
+/// How long before a stream's earliest end its closing bookmark is read, on a stream that is
+/// on time: the server sends it two seconds before the timeout, a second before that end.
+const CLOSING_BOOKMARK_EARLY: Duration = Duration::from_secs(2);
 
 /// The annotation of the bookmark that ends a streaming list's initial events.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -31,7 +35,8 @@ pub struct WatchLoop<A: WatchApi, H = ()> {
 
 /// The loop without its commands, so that a command can interrupt any step.
 struct Machine<A: WatchApi, H> {
-    api: A,
+    /// Shared with the requests for streams ahead ([`Relay`]), which outlive a step.
+    api: Arc<A>,
     config: WatchConfig,
     hooks: H,
     /// What the loop reads, or opens next; where it resumes from lives here too.
@@ -62,7 +67,8 @@ enum State<K> {
     Reading(Open<K>),
 }
 
-struct Open<K> {
+/// A stream: the one being read, or one opened ahead of it (in its [`Relay`]).
+pub(crate) struct Open<K> {
     events: EventStream<K>,
     answers: u64,
     /// A streaming list's initial events are still coming.
@@ -71,7 +77,17 @@ struct Open<K> {
     /// list's initial events are coming, or after an object without a version).
     resume: Option<String>,
     /// When the server ends the stream (its timeout), if the connection lives that long.
-    ends_at: Instant,
+    pub(crate) ends_at: Instant,
+    /// The last item read (or, for a stream that took over, the take-over): the stall bound
+    /// counts from here.
+    heard: Instant,
+    /// The last version read on the stream this one took over from (0: none): this stream's
+    /// events up to it were read there, and are skipped.
+    read_through: u64,
+    /// When the last bookmark was read.
+    bookmark_read: Option<Instant>,
+    /// The streams opened ahead of this one (empty while this one is itself ahead).
+    relay: Relay<K>,
 }
 
 struct Paging {
@@ -87,7 +103,7 @@ impl<A: WatchApi, H: WatchHooks> WatchLoop<A, H> {
         Self {
             commands: None,
             machine: Machine {
-                api,
+                api: Arc::new(api),
                 config,
                 hooks,
                 state: State::LIST,
@@ -154,7 +170,18 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
     async fn step(&mut self) -> Option<Event<A::Object>> {
         let bound = self.config.stall_bound();
         if let State::Reading(open) = &mut self.state {
-            return match tokio::time::timeout(bound, open.events.next()).await {
+            let read = tokio::select! {
+                biased;
+                () = open.relay.advance(
+                    &self.api,
+                    &self.config,
+                    &self.hooks,
+                    open.resume.as_deref(),
+                    (open.ends_at, open.on_time()),
+                ) => return None,
+                read = tokio::time::timeout_at(open.heard + bound, open.events.next()) => read,
+            };
+            return match read {
                 Err(_silent) => {
                     self.stalled();
                     None
@@ -220,13 +247,13 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         let timeout = std::mem::take(&mut self.probe).then_some(PROBE_TIMEOUT_SECONDS);
         let params = self.config.watch_params(timeout);
         let events = self.api.watch(&params, &version).await?;
-        self.state = State::Reading(Open {
+        self.state = State::Reading(Open::new(
             events,
             answers,
-            listing: false,
-            resume: Some(version),
-            ends_at: ends_at(&params),
-        });
+            false,
+            Some(version),
+            ends_at(&params),
+        ));
         Ok(())
     }
 
@@ -253,13 +280,7 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
             }
             opened => opened?,
         };
-        self.state = State::Reading(Open {
-            events,
-            answers,
-            listing: true,
-            resume: None,
-            ends_at: ends_at(&params),
-        });
+        self.state = State::Reading(Open::new(events, answers, true, None, ends_at(&params)));
         Ok(())
     }
 
@@ -318,21 +339,42 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         };
         self.stalls_in_a_row = 0;
         self.backoff.reset();
+        open.heard = Instant::now();
         let listing = open.listing;
         let answers = open.answers;
+        if matches!(event, WatchEvent::Bookmark(_)) && !listing {
+            open.bookmark_read = Some(open.heard);
+        }
         match event {
             WatchEvent::Added(object) | WatchEvent::Modified(object) if listing => {
                 Some(Event::Listed(object))
             }
             WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                if open.read_before(object.meta().resource_version.as_deref()) {
+                    return None;
+                }
                 open.resume = object.meta().resource_version.clone();
                 Some(Event::Apply(object))
             }
             WatchEvent::Deleted(object) => {
                 if !listing {
+                    if open.read_before(object.meta().resource_version.as_deref()) {
+                        return None;
+                    }
                     open.resume = object.meta().resource_version.clone();
                 }
                 Some(Event::Delete(object))
+            }
+            WatchEvent::Bookmark(bookmark)
+                if !listing
+                    && open.read_before(Some(bookmark.metadata.resource_version.as_str())) =>
+            {
+                // A stream that took over, still at what the one before it gave: it was open on
+                // the server since it started, so it answers the requests made before that.
+                Some(Event::Progress(Position {
+                    version: open.read_through,
+                    answers,
+                }))
             }
             WatchEvent::Bookmark(bookmark) => {
                 let version = bookmark.metadata.resource_version;
@@ -444,15 +486,20 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
             return None;
         }
         let version = open.resume.as_deref().map_or(0, version_number);
-        self.state = State::after(open.resume);
-        if Instant::now() < open.ends_at {
-            tracing::debug!("stream closed before its timeout; resuming");
-            return None;
-        }
-        Some(Event::Progress(Position {
+        let progress = (Instant::now() >= open.ends_at).then_some(Event::Progress(Position {
             version,
             answers: open.answers,
-        }))
+        }));
+        self.state = match (open.resume, open.relay.take_next()) {
+            (Some(resume), Some((next, relay))) => {
+                State::Reading(next.take_over(resume, version, relay))
+            }
+            (resume, _) => State::after(resume),
+        };
+        if progress.is_none() {
+            tracing::debug!("stream closed before its timeout; resuming");
+        }
+        progress
     }
 
     /// The stream is lost: reported before the next stream or list starts, and the next watch is
@@ -476,6 +523,58 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         let delay = self.backoff.next_delay();
         tracing::warn!(%error, ?delay, "watch failed; retrying");
         tokio::time::sleep(delay).await;
+    }
+}
+
+// === impl Open ===
+
+impl<K> Open<K> {
+    fn new(
+        events: EventStream<K>,
+        answers: u64,
+        listing: bool,
+        resume: Option<String>,
+        ends_at: Instant,
+    ) -> Self {
+        Self {
+            events,
+            answers,
+            listing,
+            resume,
+            ends_at,
+            heard: Instant::now(),
+            read_through: 0,
+            bookmark_read: None,
+            relay: Relay::new(),
+        }
+    }
+
+    /// A stream opened ahead of the one being read, answering the requests up to `answers`.
+    pub(crate) fn ahead(events: EventStream<K>, answers: u64, ends_at: Instant) -> Self {
+        Self::new(events, answers, false, None, ends_at)
+    }
+
+    /// This stream, opened ahead, takes over from one that ended after reading up to `resume`
+    /// (`version`), with the streams opened ahead of it.
+    fn take_over(mut self, resume: String, version: u64, relay: Relay<K>) -> Self {
+        self.resume = Some(resume);
+        self.read_through = version;
+        self.heard = Instant::now();
+        self.relay = relay;
+        self
+    }
+
+    /// Whether the stream is on time: the bookmark the server sends two seconds before the
+    /// stream's timeout (a second before its earliest end) has been read.
+    fn on_time(&self) -> bool {
+        self.bookmark_read
+            .is_some_and(|read| read + CLOSING_BOOKMARK_EARLY >= self.ends_at)
+    }
+
+    /// Whether an item at `version` was read already, on the stream this one took over from.
+    fn read_before(&self, version: Option<&str>) -> bool {
+        let version = version.map_or(0, version_number);
+        version != 0 && version <= self.read_through
     }
 }
 
@@ -527,7 +626,7 @@ impl<K> State<K> {
 
 /// The earliest time the server can end a stream opened now with `params` by its timeout (a
 /// second of slack for clocks and the request's own time).
-fn ends_at(params: &WatchParams) -> Instant {
+pub(crate) fn ends_at(params: &WatchParams) -> Instant {
     let timeout = Duration::from_secs(params.timeout.map_or(290, u64::from));
     Instant::now() + timeout.saturating_sub(Duration::from_secs(1))
 }

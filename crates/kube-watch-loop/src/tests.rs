@@ -75,14 +75,17 @@ const CASES: &[Case] = &[
         script: &[
             LISTED_A_ENDS,
             Stream(&[Modified("a", 7), Mark(8), After(14), Deleted("a", 9)]),
+            Fail(500),
             Stream(&[Modified("a", 10), Hang]),
         ],
+        // The stream opened ahead at 4 s fails: none more until this one ends, which then
+        // resumes as it would without them.
         events: &[
             "list start", "listed a@5", "list done at 5 answers 0",
             "apply a@7", "progress at 8 answers 0", "delete a@9", "progress at 9 answers 0",
             "apply a@10",
         ],
-        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "14.0 watch from=9 timeout=5"],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "4.0 watch from=8 timeout=5", "14.0 watch from=9 timeout=5"],
         reported: (0, 0, 0),
     },
     Case {
@@ -115,9 +118,10 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "a stalled watch is lost: it resumes from its last version at the bound as a probe; stalled again, a paged LIST answers both losses",
-        script: &[LISTED_A, Silent, Page(&[("b", 8)], 9, None), Stream(&[Deleted("b", 10), Hang])],
+        // The stream opened ahead at the first one's earliest end (4 s) is never answered either.
+        script: &[LISTED_A, Silent, Silent, Page(&[("b", 8)], 9, None), Stream(&[Deleted("b", 10), Hang])],
         events: &["list start", "listed a@5", "list done at 5 answers 0", "list start", "listed b@8", "list done at 9 answers 2", "delete b@10"],
-        requests: &["0.0 stream-list timeout=5", "30.0 watch from=5 timeout=3", "60.0 list limit=500", "60.0 watch from=9 timeout=3"],
+        requests: &["0.0 stream-list timeout=5", "4.0 watch from=5 timeout=5", "30.0 watch from=5 timeout=3", "60.0 list limit=500", "60.0 watch from=9 timeout=3"],
         reported: (2, 0, 2),
     },
     Case {
@@ -196,6 +200,39 @@ const CASES: &[Case] = &[
         script: &[Stream(&[InStream(422)]), Page(&[("a", 3)], 4, None), Stream(&[Hang])],
         events: &["list start", "list start", "listed a@3", "list done at 4 answers 0"],
         requests: &["0.0 stream-list timeout=5", "0.0 list limit=500"],
+        reported: (0, 0, 0),
+    },
+    Case {
+        name: "a stream on time (its closing bookmark read two seconds before its timeout) gets no stream ahead",
+        script: &[
+            LISTED_A_ENDS,
+            Stream(&[Modified("a", 7), After(3), Mark(8), After(2)]),
+            Stream(&[Modified("a", 9), Hang]),
+        ],
+        events: &[
+            "list start", "listed a@5", "list done at 5 answers 0",
+            "apply a@7", "progress at 8 answers 0", "progress at 8 answers 0", "apply a@9",
+        ],
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "5.0 watch from=8 timeout=5"],
+        reported: (0, 0, 0),
+    },
+    Case {
+        name: "a late stream: the next is opened at its earliest end from the last version read, and takes over when it ends, each event read once",
+        script: &[
+            LISTED_A_ENDS,
+            // Frames late: the closing bookmark is not read by 4 s, and the server's end (5 s)
+            // reaches the loop at 9 s.
+            Stream(&[Modified("a", 7), Mark(8), After(9), Deleted("a", 9)]),
+            // Opened at 4 s: the server sends what the first sends after 8, and what follows.
+            Stream(&[Deleted("a", 9), Mark(9), Modified("a", 10), Mark(11), Hang]),
+        ],
+        events: &[
+            "list start", "listed a@5", "list done at 5 answers 0",
+            "apply a@7", "progress at 8 answers 0", "delete a@9", "progress at 9 answers 0",
+            "progress at 9 answers 0", "apply a@10", "progress at 11 answers 0",
+        ],
+        // At 8 s the stream ahead reaches its own earliest end, and the next is opened.
+        requests: &["0.0 stream-list timeout=5", "0.0 watch from=5 timeout=5", "4.0 watch from=8 timeout=5", "8.0 watch from=8 timeout=5"],
         reported: (0, 0, 0),
     },
 ];
@@ -293,4 +330,78 @@ fn only_a_rejected_streaming_watch_switches_to_paged_lists() {
 fn only_numeric_versions_count() {
     assert_eq!(version_number("12345"), 12345);
     assert_eq!(version_number("opaque"), 0);
+}
+
+/// A lag longer than a stream's life: a stream ahead is opened at the newest one's earliest
+/// end, until `relay::AHEAD` are open; a stall drops them all.
+#[tokio::test(start_paused = true)]
+async fn streams_ahead_follow_one_another_up_to_the_bound_and_a_stall_drops_them() {
+    // A bound of 18 s: 3 s server timeouts, the earliest end 2 s after each start.
+    let mut script = vec![LISTED_A];
+    script.extend([Stream(&[Hang]); relay::AHEAD]);
+    let api = ScriptedApi::new(&script);
+    let counts = Counts::default();
+    let mut watch = WatchLoop::new(
+        api.clone(),
+        WatchConfig::new(Duration::from_secs(18)),
+        counts.clone(),
+    );
+    for _ in 0..3 {
+        watch.next().await;
+    }
+    let ahead: Vec<String> = (1..=relay::AHEAD)
+        .map(|n| format!("{}.0 watch from=5 timeout=3", 2 * n))
+        .collect();
+    let mut expected = vec!["0.0 stream-list timeout=3".to_string()];
+    expected.extend(ahead);
+    // Silent past the bound: lost, and resumed from the last version as a probe.
+    expected.push("18.0 watch from=5 timeout=3".to_string());
+    let next = tokio::time::timeout(Duration::from_secs(19), watch.next()).await;
+    assert!(
+        next.is_err(),
+        "nothing to read: {:?}",
+        next.map(|e| describe(&e))
+    );
+    assert_eq!(*api.requests.lock(), expected);
+    assert_eq!(counts.stalls.load(Ordering::SeqCst), 1);
+}
+
+/// A stream ahead answers the requests made before it opened: its bookmark says so, even at a
+/// version the stream before it had already given.
+#[tokio::test(start_paused = true)]
+async fn a_stream_ahead_answers_the_requests_made_before_it_opened() {
+    let api = ScriptedApi::new(&[
+        LISTED_A_ENDS,
+        Stream(&[Mark(8), After(6)]),
+        Stream(&[Mark(8), Hang]),
+    ]);
+    let counts = Counts::default();
+    let mut watch = WatchLoop::new(api.clone(), WatchConfig::new(BOUND), counts.clone());
+    let mut events = Vec::new();
+    for _ in 0..4 {
+        events.push(describe(&watch.next().await));
+    }
+    counts.latest_request.store(3, Ordering::SeqCst);
+    for _ in 0..2 {
+        events.push(describe(&watch.next().await));
+    }
+    assert_eq!(
+        events,
+        [
+            "list start",
+            "listed a@5",
+            "list done at 5 answers 0",
+            "progress at 8 answers 0",
+            "progress at 8 answers 0",
+            "progress at 8 answers 3",
+        ]
+    );
+    assert_eq!(
+        *api.requests.lock(),
+        [
+            "0.0 stream-list timeout=5",
+            "0.0 watch from=5 timeout=5",
+            "4.0 watch from=8 timeout=5",
+        ]
+    );
 }

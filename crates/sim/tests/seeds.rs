@@ -80,15 +80,19 @@ type Pins = &'static [(Known, u64)];
 /// when the in-memory API server stopped sending a watch on a lagging instance bookmarks below
 /// its start, and made a streaming list wait for its cache (three seconds, then 504), as
 /// kube-apiserver does (seed 16478): the watches of a lagging kind progress later, and terms
-/// start and write at other moments.
+/// start and write at other moments. Moved again (91, 66 as deployed and 22, 287, 82 alone)
+/// when a watch stream whose closing bookmark is late got its successor opened at its earliest
+/// end (the watch loop's relay): under the simulation's lagging links and caches a change is
+/// late by the lag once, not twice, so the Lease and the caches are seen sooner and fewer
+/// writes fall in an excuse's window.
 const EXCUSED_AS_DEPLOYED: Pins = &[
-    (Known::MissingLeaseAtStart, 98),
-    (Known::ForcedLeaseChange, 71),
+    (Known::MissingLeaseAtStart, 91),
+    (Known::ForcedLeaseChange, 66),
 ];
 const EXCUSED_ALONE: Pins = &[
-    (Known::MissingLeaseAtStart, 21),
-    (Known::ForcedLeaseChange, 312),
-    (Known::InFlightAcrossChange, 91),
+    (Known::MissingLeaseAtStart, 22),
+    (Known::ForcedLeaseChange, 287),
+    (Known::InFlightAcrossChange, 82),
 ];
 
 /// Fails, naming each excuse, when the excused events differ from the pins.
