@@ -11,16 +11,12 @@ use kube::{
 use tokio::{sync::mpsc, time::Instant};
 
 use super::{
-    Backoff, Command, Event, EventStream, PROBE_TIMEOUT_SECONDS, Position, WatchApi, WatchConfig,
-    WatchHooks, relay::Relay, version_number,
+    Backoff, Command, Event, PROBE_TIMEOUT_SECONDS, Position, WatchApi, WatchConfig, WatchHooks,
+    relay::Open, version_number,
 };
 
 /// Objects per page of a paged list.
 const PAGE_SIZE: u32 = 500;
-
-/// How long before a stream's earliest end its closing bookmark is read, on a stream that is
-/// on time: the server sends it two seconds before the timeout, a second before that end.
-const CLOSING_BOOKMARK_EARLY: Duration = Duration::from_secs(2);
 
 /// The annotation of the bookmark that ends a streaming list's initial events.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -35,7 +31,7 @@ pub struct WatchLoop<A: WatchApi, H = ()> {
 
 /// The loop without its commands, so that a command can interrupt any step.
 struct Machine<A: WatchApi, H> {
-    /// Shared with the requests for streams ahead ([`Relay`]), which outlive a step.
+    /// Shared with the requests for streams ahead (`relay.rs`), which outlive a step.
     api: Arc<A>,
     config: WatchConfig,
     hooks: H,
@@ -65,29 +61,6 @@ enum State<K> {
     Paging(Paging),
     /// An open stream.
     Reading(Open<K>),
-}
-
-/// A stream: the one being read, or one opened ahead of it (in its [`Relay`]).
-pub(crate) struct Open<K> {
-    events: EventStream<K>,
-    answers: u64,
-    /// A streaming list's initial events are still coming.
-    listing: bool,
-    /// Where to resume when the stream ends: the last version read (`None` while a streaming
-    /// list's initial events are coming, or after an object without a version).
-    resume: Option<String>,
-    /// When the server ends the stream (its timeout), if the connection lives that long.
-    pub(crate) ends_at: Instant,
-    /// The last item read (or, for a stream that took over, the take-over): the stall bound
-    /// counts from here.
-    heard: Instant,
-    /// The last version read on the stream this one took over from (0: none): this stream's
-    /// events up to it were read there, and are skipped.
-    read_through: u64,
-    /// When the last bookmark was read.
-    bookmark_read: Option<Instant>,
-    /// The streams opened ahead of this one (empty while this one is itself ahead).
-    relay: Relay<K>,
 }
 
 struct Paging {
@@ -523,58 +496,6 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         let delay = self.backoff.next_delay();
         tracing::warn!(%error, ?delay, "watch failed; retrying");
         tokio::time::sleep(delay).await;
-    }
-}
-
-// === impl Open ===
-
-impl<K> Open<K> {
-    fn new(
-        events: EventStream<K>,
-        answers: u64,
-        listing: bool,
-        resume: Option<String>,
-        ends_at: Instant,
-    ) -> Self {
-        Self {
-            events,
-            answers,
-            listing,
-            resume,
-            ends_at,
-            heard: Instant::now(),
-            read_through: 0,
-            bookmark_read: None,
-            relay: Relay::new(),
-        }
-    }
-
-    /// A stream opened ahead of the one being read, answering the requests up to `answers`.
-    pub(crate) fn ahead(events: EventStream<K>, answers: u64, ends_at: Instant) -> Self {
-        Self::new(events, answers, false, None, ends_at)
-    }
-
-    /// This stream, opened ahead, takes over from one that ended after reading up to `resume`
-    /// (`version`), with the streams opened ahead of it.
-    fn take_over(mut self, resume: String, version: u64, relay: Relay<K>) -> Self {
-        self.resume = Some(resume);
-        self.read_through = version;
-        self.heard = Instant::now();
-        self.relay = relay;
-        self
-    }
-
-    /// Whether the stream is on time: the bookmark the server sends two seconds before the
-    /// stream's timeout (a second before its earliest end) has been read.
-    fn on_time(&self) -> bool {
-        self.bookmark_read
-            .is_some_and(|read| read + CLOSING_BOOKMARK_EARLY >= self.ends_at)
-    }
-
-    /// Whether an item at `version` was read already, on the stream this one took over from.
-    fn read_before(&self, version: Option<&str>) -> bool {
-        let version = version.map_or(0, version_number);
-        version != 0 && version <= self.read_through
     }
 }
 

@@ -1,5 +1,6 @@
-//! The streams opened ahead of the one being read, so that a stream whose frames arrive late
-//! leaves no gap on the server between its end and the next stream's start.
+//! An open stream ([`Open`]), and the streams opened ahead of the one being read ([`Relay`]), so
+//! that a stream whose frames arrive late leaves no gap on the server between its end and the
+//! next stream's start.
 //!
 //! The API server ends each stream at its timeout. When the stream's frames reach us D late (a
 //! slow proxy or network path), its end reaches us D late too, and a change made on the server
@@ -25,12 +26,16 @@
 //! whose frames are later than the stall bound is cut anyway, and a server that ignores the
 //! timeout is not answered with ever more streams.
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use futures::{FutureExt, future::BoxFuture};
 use tokio::time::Instant;
 
-use super::{EventStream, WatchApi, WatchConfig, WatchHooks, machine::Open};
+use super::{EventStream, WatchApi, WatchConfig, WatchHooks, version_number};
+
+/// How long before a stream's earliest end its closing bookmark is read, on a stream that is
+/// on time: the server sends it two seconds before the timeout, a second before that end.
+const CLOSING_BOOKMARK_EARLY: Duration = Duration::from_secs(2);
 
 /// The most streams opened ahead of the one being read: with the stall bound's default
 /// timeout (a sixth of it), enough for a lag of nearly the whole bound.
@@ -50,6 +55,81 @@ struct Opening<K> {
     request: BoxFuture<'static, kube::Result<EventStream<K>>>,
     answers: u64,
     ends_at: Instant,
+}
+
+/// A stream: the one being read, or one opened ahead of it (in its [`Relay`]).
+pub(crate) struct Open<K> {
+    pub(crate) events: EventStream<K>,
+    pub(crate) answers: u64,
+    /// A streaming list's initial events are still coming.
+    pub(crate) listing: bool,
+    /// Where to resume when the stream ends: the last version read (`None` while a streaming
+    /// list's initial events are coming, or after an object without a version).
+    pub(crate) resume: Option<String>,
+    /// When the server ends the stream (its timeout), if the connection lives that long.
+    pub(crate) ends_at: Instant,
+    /// The last item read (or, for a stream that took over, the take-over): the stall bound
+    /// counts from here.
+    pub(crate) heard: Instant,
+    /// The last version read on the stream this one took over from (0: none): this stream's
+    /// events up to it were read there, and are skipped.
+    pub(crate) read_through: u64,
+    /// When the last bookmark was read.
+    pub(crate) bookmark_read: Option<Instant>,
+    /// The streams opened ahead of this one (empty while this one is itself ahead).
+    pub(crate) relay: Relay<K>,
+}
+
+// === impl Open ===
+
+impl<K> Open<K> {
+    pub(crate) fn new(
+        events: EventStream<K>,
+        answers: u64,
+        listing: bool,
+        resume: Option<String>,
+        ends_at: Instant,
+    ) -> Self {
+        Self {
+            events,
+            answers,
+            listing,
+            resume,
+            ends_at,
+            heard: Instant::now(),
+            read_through: 0,
+            bookmark_read: None,
+            relay: Relay::new(),
+        }
+    }
+
+    /// A stream opened ahead of the one being read, answering the requests up to `answers`.
+    pub(crate) fn ahead(events: EventStream<K>, answers: u64, ends_at: Instant) -> Self {
+        Self::new(events, answers, false, None, ends_at)
+    }
+
+    /// This stream, opened ahead, takes over from one that ended after reading up to `resume`
+    /// (`version`), with the streams opened ahead of it.
+    pub(crate) fn take_over(mut self, resume: String, version: u64, relay: Relay<K>) -> Self {
+        self.resume = Some(resume);
+        self.read_through = version;
+        self.heard = Instant::now();
+        self.relay = relay;
+        self
+    }
+
+    /// Whether the stream is on time: the bookmark the server sends two seconds before the
+    /// stream's timeout (a second before its earliest end) has been read.
+    pub(crate) fn on_time(&self) -> bool {
+        self.bookmark_read
+            .is_some_and(|read| read + CLOSING_BOOKMARK_EARLY >= self.ends_at)
+    }
+
+    /// Whether an item at `version` was read already, on the stream this one took over from.
+    pub(crate) fn read_before(&self, version: Option<&str>) -> bool {
+        let version = version.map_or(0, version_number);
+        version != 0 && version <= self.read_through
+    }
 }
 
 // === impl Relay ===
