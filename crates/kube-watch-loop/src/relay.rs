@@ -20,7 +20,10 @@
 //!  read:    ·····D·····├── stream 1 ──┤── 2 ──┤── 3 …  (each takes over when the one before ends)
 //! ```
 //!
-//! A stream on time gets none. Without bookmarks (an API server with its watch cache off) each
+//! A stream on time gets none. kube-apiserver sends the closing bookmark at the first tick of
+//! its bookmark timer (about every second, give or take a quarter) after it is due, so a
+//! healthy stream whose tick comes more than a second late gets a successor too: a request
+//! more, and under a second in which both are open. Without bookmarks (an API server with its watch cache off) each
 //! stream is followed a second before its end. With a lag D, about D divided by the timeout
 //! streams are open at once. [`AHEAD`] bounds that: a stream
 //! whose frames are later than the stall bound is cut anyway, and a server that ignores the
