@@ -5,13 +5,13 @@
 //! The API server ends each stream at its timeout. When the stream's frames reach us D late (a
 //! slow proxy or network path), its end reaches us D late too, and a change made on the server
 //! in between is sent only by the next stream, which is also D late: a change could wait 2D.
-//! So when a stream reaches the earliest end its timeout allows without its closing bookmark
-//! (sent two seconds before the timeout) read, it is late, and the next one is opened from the
-//! last version read, and left unread until the stream before it ends; so is the next after
-//! that at that one's earliest end, and so on while the one being read is late. Then it
-//! takes over: what the stream before it had already given is skipped by resourceVersion, so
-//! each event is read once. Every change is then on a stream that was open on the server when
-//! it was made, and waits only D.
+//! So a stream that reaches the earliest end its timeout allows without its closing bookmark
+//! (sent two seconds before the timeout) read is late, and the next stream is opened then, from
+//! the last version read, and left unread; while the one being read is late, each stream ahead
+//! gets its own successor at its earliest end. Each takes over when the stream before it ends,
+//! skipping by resourceVersion what that one had already given, so each event is read once.
+//! Every change is then on a stream that was open on the server when it was made, and waits
+//! only D.
 //!
 //! ```text
 //!  server:  ├── stream 1 ──┤
@@ -23,11 +23,11 @@
 //! A stream on time gets none. kube-apiserver sends the closing bookmark at the first tick of
 //! its bookmark timer (about every second, give or take a quarter) after it is due, so a
 //! healthy stream whose tick comes more than a second late gets a successor too: a request
-//! more, and under a second in which both are open. Without bookmarks (an API server with its watch cache off) each
-//! stream is followed a second before its end. With a lag D, about D divided by the timeout
-//! streams are open at once. [`AHEAD`] bounds that: a stream
-//! whose frames are later than the stall bound is cut anyway, and a server that ignores the
-//! timeout is not answered with ever more streams.
+//! more, and under a second in which both are open. Without bookmarks (an API server with its
+//! watch cache off) each stream is followed a second before its end. With a lag D, about D
+//! divided by the timeout streams are open at once, each sending again what the last version
+//! read leaves out. [`AHEAD`] bounds that: a stream whose frames are later than the stall bound
+//! is cut anyway, and a server that ignores the timeout is not answered with ever more streams.
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
