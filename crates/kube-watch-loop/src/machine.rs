@@ -444,8 +444,9 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
         }
     }
 
-    /// The stream ended: the server's timeout, or a connection closed early. Resume, or list
-    /// again when a list was cut short. A stream the server kept open to its timeout has
+    /// The stream ended: the server's timeout, or a connection closed early. The oldest stream
+    /// opened ahead of it takes over (`relay.rs`); with none, resume, or list again when a list
+    /// was cut short. A stream the server kept open to its timeout has
     /// delivered everything up to the server's state when it started: a sign of life, and the
     /// answer to the requests made before it (the API server sends no bookmarks when its watch
     /// cache is off, so this is the only sign a quiet kind then gives).
