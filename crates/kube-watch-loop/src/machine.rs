@@ -322,22 +322,13 @@ impl<A: WatchApi, H: WatchHooks> Machine<A, H> {
             WatchEvent::Added(object) | WatchEvent::Modified(object) if listing => {
                 Some(Event::Listed(object))
             }
-            WatchEvent::Added(object) | WatchEvent::Modified(object) => {
-                if open.read_before(object.meta().resource_version.as_deref()) {
-                    return None;
-                }
-                open.resume = object.meta().resource_version.clone();
-                Some(Event::Apply(object))
-            }
-            WatchEvent::Deleted(object) => {
-                if !listing {
-                    if open.read_before(object.meta().resource_version.as_deref()) {
-                        return None;
-                    }
-                    open.resume = object.meta().resource_version.clone();
-                }
-                Some(Event::Delete(object))
-            }
+            WatchEvent::Added(object) | WatchEvent::Modified(object) => open
+                .read(object.meta().resource_version.as_deref())
+                .then_some(Event::Apply(object)),
+            WatchEvent::Deleted(object) if listing => Some(Event::Delete(object)),
+            WatchEvent::Deleted(object) => open
+                .read(object.meta().resource_version.as_deref())
+                .then_some(Event::Delete(object)),
             WatchEvent::Bookmark(bookmark)
                 if !listing
                     && open.read_before(Some(bookmark.metadata.resource_version.as_str())) =>

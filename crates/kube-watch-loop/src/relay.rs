@@ -128,6 +128,16 @@ impl<K> Open<K> {
             .is_some_and(|read| read + CLOSING_BOOKMARK_EARLY >= self.ends_at)
     }
 
+    /// An object at `version` read from the stream: whether it is new (not read already on the
+    /// stream this one took over from), and then the version to resume from.
+    pub(crate) fn read(&mut self, version: Option<&str>) -> bool {
+        if self.read_before(version) {
+            return false;
+        }
+        self.resume = version.map(str::to_string);
+        true
+    }
+
     /// Whether an item at `version` was read already, on the stream this one took over from.
     pub(crate) fn read_before(&self, version: Option<&str>) -> bool {
         let version = version.map_or(0, version_number);
@@ -173,15 +183,11 @@ impl<K> Relay<K> {
         K: Send + 'static,
     {
         if let Some(opening) = &mut self.opening {
+            let (answers, ends_at) = (opening.answers, opening.ends_at);
             let answered = (&mut opening.request).await;
-            let Some(opening) = self.opening.take() else {
-                return;
-            };
+            self.opening = None;
             match answered {
-                Ok(events) => {
-                    self.ahead
-                        .push_back(Open::ahead(events, opening.answers, opening.ends_at));
-                }
+                Ok(events) => self.ahead.push_back(Open::ahead(events, answers, ends_at)),
                 Err(error) => {
                     tracing::debug!(%error, "a stream ahead failed to open; none more until this one ends");
                     self.failed = true;
